@@ -1,0 +1,52 @@
+"""Perago: plain typed task functions run as Conductor workers, published to lakeFS safely.
+
+Task authors need only what is exported here; everything else is the runtime's business.
+"""
+
+from perago.context import AttemptInfo, info
+from perago.errors import (
+    AttemptFenceError,
+    ConfigError,
+    FenceError,
+    GuardrailError,
+    Interrupt,
+    PeragoError,
+    PublishFenceError,
+    ResultValidationError,
+    StoreError,
+    TaskDefinitionError,
+    TaskError,
+    UnsafePathError,
+    WorkerShutdown,
+    WorkspaceError,
+)
+from perago.task import RemoteWorkspace, TaskDefinition, TaskOptions, WorkspaceSpec, task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # errors
+    "AttemptFenceError",
+    # inside a running attempt
+    "AttemptInfo",
+    "ConfigError",
+    "FenceError",
+    "GuardrailError",
+    "Interrupt",
+    "PeragoError",
+    "PublishFenceError",
+    # defining tasks
+    "RemoteWorkspace",
+    "ResultValidationError",
+    "StoreError",
+    "TaskDefinition",
+    "TaskDefinitionError",
+    "TaskError",
+    "TaskOptions",
+    "UnsafePathError",
+    "WorkerShutdown",
+    "WorkspaceError",
+    "WorkspaceSpec",
+    "info",
+    "task",
+]

@@ -1,0 +1,3 @@
+from perago.cli import main
+
+main()

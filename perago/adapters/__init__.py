@@ -1,0 +1,1 @@
+"""Adapters: the only modules that import the lakeFS and Conductor SDKs."""

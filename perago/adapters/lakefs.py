@@ -1,0 +1,369 @@
+"""The only module that talks to lakeFS.
+
+Metadata calls go through the generated ``lakefs_sdk``; object bytes are streamed with the
+same connection settings over urllib3, because the generated client buffers whole bodies in
+memory. Every SDK error is translated into a :class:`perago.errors.StoreError` subclass.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any, TypeVar
+from urllib.parse import quote
+
+import lakefs_sdk
+import urllib3
+from lakefs_sdk.exceptions import ApiException
+from tenacity import (
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from perago.config import Settings
+from perago.errors import ConflictError, NotFoundError, StoreError
+from perago.store import Commit, ObjectInfo
+
+__all__ = ["LakeFSStore"]
+
+T = TypeVar("T")
+_CHUNK = 1024 * 1024
+MAX_DELETE_BATCH = 1000
+
+
+def _is_transient(e: BaseException) -> bool:
+    if isinstance(e, StoreError):
+        return e.status in (429, 502, 503, 504) or e.status is None
+    return isinstance(e, urllib3.exceptions.HTTPError | OSError)
+
+
+#: Retries for calls that are safe to repeat (reads, deletes, idempotent creates).
+_retry_idempotent = retry(
+    retry=retry_if_exception(_is_transient),
+    stop=stop_after_attempt(6),
+    wait=wait_exponential(multiplier=0.2, max=5),
+    reraise=True,
+)
+
+
+def _translate(e: ApiException, what: str) -> StoreError:
+    status = e.status
+    body = (e.body or "")[:300] if isinstance(e.body, str) else str(e.body)[:300]
+    message = f"lakeFS {what} failed with HTTP {status}: {body or e.reason}"
+    if status == 404:
+        return NotFoundError(message, status=status)
+    if status in (409, 412):
+        return ConflictError(message, status=status)
+    if status in (401, 403):
+        return StoreError(
+            message + " (check LAKECTL_CREDENTIALS_ACCESS_KEY_ID/SECRET_ACCESS_KEY and the "
+            "user's permissions)",
+            status=status,
+            non_retryable=True,
+        )
+    return StoreError(message, status=status)
+
+
+def _commit(c: Any) -> Commit:
+    return Commit(
+        id=c.id,
+        parents=tuple(c.parents or ()),
+        message=c.message or "",
+        metadata=dict(c.metadata or {}),
+    )
+
+
+class LakeFSStore:
+    """A :class:`perago.store.VersionStore` backed by a lakeFS server."""
+
+    def __init__(self, settings: Settings) -> None:
+        settings.require_lakefs_credentials()
+        secret = settings.lakefs_secret_access_key.get_secret_value()
+        config = lakefs_sdk.Configuration(
+            host=settings.lakefs_api_url,
+            username=settings.lakefs_access_key_id,
+            password=secret,
+        )
+        config.connection_pool_maxsize = max(16, settings.transfer_parallelism * 2)
+        self._client = lakefs_sdk.ApiClient(config)
+        self._timeout = settings.http_timeout.total_seconds()
+        self._base = settings.lakefs_api_url
+        token = base64.b64encode(f"{settings.lakefs_access_key_id}:{secret}".encode()).decode()
+        self._auth = {"Authorization": f"Basic {token}"}
+        self._http = urllib3.PoolManager(
+            maxsize=max(16, settings.transfer_parallelism * 2),
+            timeout=urllib3.Timeout(connect=10, read=self._timeout),
+            retries=False,
+        )
+        self.repos = lakefs_sdk.RepositoriesApi(self._client)
+        self.branches = lakefs_sdk.BranchesApi(self._client)
+        self.commits = lakefs_sdk.CommitsApi(self._client)
+        self.refs = lakefs_sdk.RefsApi(self._client)
+        self.objects = lakefs_sdk.ObjectsApi(self._client)
+        self.tags = lakefs_sdk.TagsApi(self._client)
+        self.experimental = lakefs_sdk.ExperimentalApi(self._client)
+
+    def close(self) -> None:
+        self._http.clear()
+        self._client.close()
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, _request_timeout=self._timeout, **kwargs)
+        except ApiException as e:
+            raise _translate(e, what) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise StoreError(
+                f"lakeFS {what} failed: cannot reach {self._base} ({e}); is lakeFS running?"
+            ) from e
+
+    # -- repositories and refs ------------------------------------------------------------
+
+    @_retry_idempotent
+    def create_repository(self, name: str, *, default_branch: str = "main") -> None:
+        self._call(
+            f"create repository {name!r}",
+            self.repos.create_repository,
+            lakefs_sdk.RepositoryCreation(
+                name=name, storage_namespace=f"local://{name}", default_branch=default_branch
+            ),
+        )
+
+    @_retry_idempotent
+    def delete_repository(self, name: str) -> None:
+        self._call(f"delete repository {name!r}", self.repos.delete_repository, name)
+
+    @_retry_idempotent
+    def repository_exists(self, repository: str) -> bool:
+        try:
+            self._call(f"get repository {repository!r}", self.repos.get_repository, repository)
+        except NotFoundError:
+            return False
+        return True
+
+    @_retry_idempotent
+    def branch_head(self, repository: str, branch: str) -> str:
+        ref = self._call(
+            f"get branch {repository}/{branch}", self.branches.get_branch, repository, branch
+        )
+        return str(ref.commit_id)
+
+    @_retry_idempotent
+    def get_commit(self, repository: str, ref: str) -> Commit:
+        return _commit(
+            self._call(f"get commit {repository}@{ref}", self.commits.get_commit, repository, ref)
+        )
+
+    @_retry_idempotent
+    def log(self, repository: str, ref: str, *, amount: int = 50) -> list[Commit]:
+        """First-parent history of ``ref``, newest first."""
+        result = self._call(
+            f"log {repository}@{ref}",
+            self.refs.log_commits,
+            repository,
+            ref,
+            amount=amount,
+            first_parent=True,
+            limit=True,
+        )
+        return [_commit(c) for c in result.results]
+
+    @_retry_idempotent
+    def create_branch(self, repository: str, name: str, source: str) -> None:
+        self._call(
+            f"create branch {repository}/{name}",
+            self.branches.create_branch,
+            repository,
+            lakefs_sdk.BranchCreation(name=name, source=source),
+        )
+
+    @_retry_idempotent
+    def delete_branch(self, repository: str, name: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            self._call(
+                f"delete branch {repository}/{name}", self.branches.delete_branch, repository, name
+            )
+
+    @_retry_idempotent
+    def list_branches(self, repository: str, *, prefix: str = "") -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        after = ""
+        while True:
+            page = self._call(
+                f"list branches of {repository}",
+                self.branches.list_branches,
+                repository,
+                prefix=prefix or None,
+                after=after or None,
+                amount=1000,
+            )
+            found.extend((r.id, r.commit_id) for r in page.results)
+            if not page.pagination.has_more:
+                return found
+            after = page.pagination.next_offset
+
+    @_retry_idempotent
+    def create_tag(self, repository: str, tag: str, ref: str) -> None:
+        self._call(
+            f"create tag {repository}/{tag}",
+            self.tags.create_tag,
+            repository,
+            lakefs_sdk.TagCreation(id=tag, ref=ref),
+        )
+
+    @_retry_idempotent
+    def get_tag(self, repository: str, tag: str) -> str:
+        return str(self._call(f"get tag {tag}", self.tags.get_tag, repository, tag).commit_id)
+
+    # -- writes that move heads (never blindly retried: the caller decides) ---------------
+
+    def commit(
+        self, repository: str, branch: str, *, message: str, metadata: dict[str, str]
+    ) -> Commit:
+        return _commit(
+            self._call(
+                f"commit on {repository}/{branch}",
+                self.commits.commit,
+                repository,
+                branch,
+                lakefs_sdk.CommitCreation(message=message, metadata=metadata),
+            )
+        )
+
+    def merge(
+        self,
+        repository: str,
+        source: str,
+        destination: str,
+        *,
+        message: str,
+        metadata: dict[str, str],
+    ) -> str:
+        result = self._call(
+            f"merge {source} into {repository}/{destination}",
+            self.refs.merge_into_branch,
+            repository,
+            source,
+            destination,
+            merge=lakefs_sdk.Merge(message=message, metadata=metadata),
+        )
+        return str(result.reference)
+
+    def hard_reset(self, repository: str, branch: str, ref: str) -> None:
+        self._call(
+            f"hard-reset {repository}/{branch} to {ref}",
+            self.experimental.hard_reset_branch,
+            repository,
+            branch,
+            ref,
+        )
+
+    # -- objects ----------------------------------------------------------------------------
+
+    def list_objects(self, repository: str, ref: str, prefix: str) -> Iterator[ObjectInfo]:
+        after = ""
+        while True:
+            page = self._list_page(repository, ref, prefix, after)
+            for o in page.results:
+                if o.path_type == "object":
+                    yield ObjectInfo(path=o.path, size=int(o.size_bytes or 0), checksum=o.checksum)
+            if not page.pagination.has_more:
+                return
+            after = page.pagination.next_offset
+
+    @_retry_idempotent
+    def _list_page(self, repository: str, ref: str, prefix: str, after: str) -> Any:
+        return self._call(
+            f"list {repository}@{ref}/{prefix}",
+            self.objects.list_objects,
+            repository,
+            ref,
+            prefix=prefix,
+            after=after or None,
+            amount=1000,
+        )
+
+    def _url(self, repository: str, tail: str, path: str) -> str:
+        return (
+            f"{self._base}/repositories/{quote(repository, safe='')}/{tail}"
+            f"?path={quote(path, safe='')}"
+        )
+
+    def _check(self, resp: urllib3.BaseHTTPResponse, what: str) -> None:
+        if resp.status >= 300:
+            body = resp.data[:300].decode(errors="replace") if resp.data else ""
+            raise _translate(ApiException(status=resp.status, reason=resp.reason, body=body), what)
+
+    @_retry_idempotent
+    def download(self, repository: str, ref: str, path: str, dest: IO[bytes]) -> None:
+        """Stream one object into ``dest`` (rewound and truncated first, so retries are safe)."""
+        dest.seek(0)
+        dest.truncate()
+        what = f"download {repository}@{ref}/{path}"
+        url = self._url(repository, f"refs/{quote(ref, safe='')}/objects", path)
+        try:
+            resp = self._http.request("GET", url, headers=self._auth, preload_content=False)
+        except urllib3.exceptions.HTTPError as e:
+            raise StoreError(f"lakeFS {what} failed: {e}") from e
+        try:
+            self._check(resp, what)
+            shutil.copyfileobj(resp, dest, _CHUNK)
+        finally:
+            resp.release_conn()
+
+    @_retry_idempotent
+    def upload(
+        self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
+    ) -> str:
+        """Stream a local file to ``branch``; returns the stored checksum."""
+        what = f"upload {repository}/{branch}/{path}"
+        url = self._url(repository, f"branches/{quote(branch, safe='')}/objects", path)
+        headers = {
+            **self._auth,
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(source.stat().st_size),
+        }
+        if if_absent:
+            headers["If-None-Match"] = "*"
+        with source.open("rb") as f:
+            try:
+                resp = self._http.request("POST", url, body=f, headers=headers)
+            except urllib3.exceptions.HTTPError as e:
+                raise StoreError(f"lakeFS {what} failed: {e}") from e
+        self._check(resp, what)
+        return str(json.loads(resp.data).get("checksum", ""))
+
+    def upload_bytes(
+        self, repository: str, branch: str, path: str, data: bytes, *, if_absent: bool = False
+    ) -> None:
+        what = f"upload {repository}/{branch}/{path}"
+        url = self._url(repository, f"branches/{quote(branch, safe='')}/objects", path)
+        headers = {**self._auth, "Content-Type": "application/octet-stream"}
+        if if_absent:
+            headers["If-None-Match"] = "*"
+        resp = self._http.request("POST", url, body=data, headers=headers)
+        self._check(resp, what)
+
+    @_retry_idempotent
+    def delete_objects(self, repository: str, branch: str, paths: Sequence[str]) -> None:
+        for i in range(0, len(paths), MAX_DELETE_BATCH):
+            batch = list(paths[i : i + MAX_DELETE_BATCH])
+            result = self._call(
+                f"delete {len(batch)} objects on {repository}/{branch}",
+                self.objects.delete_objects,
+                repository,
+                branch,
+                lakefs_sdk.PathList(paths=batch),
+            )
+            errors = [e for e in (result.errors or []) if e.status_code not in (404,)]
+            if errors:
+                raise StoreError(
+                    f"lakeFS refused to delete {len(errors)} objects on {repository}/{branch}, "
+                    f"e.g. {errors[0].path}: {errors[0].message}"
+                )

@@ -1,0 +1,202 @@
+"""The ``perago`` command. The only place that configures how logs are printed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import structlog
+import typer
+
+from perago import config as config_module
+from perago.errors import PeragoError, WorkflowRunError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Perago: typed Conductor workers that publish to lakeFS with Try/Confirm/Cancel.",
+)
+
+_TERMINAL = {"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED", "PAUSED"}
+
+
+def configure_logging(*, json_logs: bool | None = None, level: int = logging.INFO) -> None:
+    """JSON lines in pods (no TTY), readable lines in a terminal; always to stderr."""
+    if json_logs is None:
+        json_logs = not sys.stderr.isatty()
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if json_logs
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    # The SDKs log through stdlib logging; keep them quiet unless they warn.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+
+def _fail(e: PeragoError) -> typer.Exit:
+    typer.secho(f"error: {e.message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(1)
+
+
+@app.command()
+def register(
+    modules: Annotated[list[str], typer.Argument(help="Modules defining @task functions.")],
+    workflows: Annotated[
+        Path | None, typer.Option("--workflows", help="Directory of workflow JSON files.")
+    ] = None,
+) -> None:
+    """Register every @task in MODULES, then every workflow JSON in --workflows (idempotent)."""
+    from perago.adapters.conductor import ConductorClient
+    from perago.registry import discover, load_workflows
+    from perago.registry import register as do_register
+
+    configure_logging()
+    try:
+        settings = config_module.load()
+        tasks = discover(modules)
+        wfs = load_workflows(workflows) if workflows else []
+        do_register(ConductorClient(settings), tasks, wfs)
+    except PeragoError as e:
+        raise _fail(e) from e
+    typer.echo(
+        f"registered {len(tasks)} task(s): {', '.join(t.name for t in tasks)}"
+        + (f"; {len(wfs)} workflow(s): {', '.join(w['name'] for w in wfs)}" if wfs else "")
+    )
+
+
+@app.command()
+def worker(
+    modules: Annotated[list[str], typer.Argument(help="Modules defining @task functions.")],
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", min=1, help="Attempts run at once.")
+    ] = None,
+) -> None:
+    """Run a worker for every @task in MODULES until SIGTERM (drains gracefully)."""
+    from perago.adapters.conductor import ConductorClient
+    from perago.adapters.lakefs import LakeFSStore
+    from perago.registry import discover
+    from perago.spark import SparkSessions
+    from perago.worker import Worker
+
+    configure_logging()
+    try:
+        overrides: dict[str, Any] = {}
+        if concurrency is not None:
+            overrides["concurrency"] = concurrency
+        settings = config_module.load(**overrides)
+        tasks = discover(modules)
+        spark = SparkSessions(settings) if any(t.wants_spark for t in tasks) else None
+        w = Worker(
+            tasks,
+            settings=settings,
+            store=LakeFSStore(settings),
+            conductor=ConductorClient(settings),
+            spark=spark,
+        )
+        try:
+            w.run()
+        finally:
+            if spark is not None:
+                spark.stop()
+    except PeragoError as e:
+        raise _fail(e) from e
+
+
+def _parse_input(raw: str | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    text = Path(raw[1:]).read_text() if raw.startswith("@") else raw
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WorkflowRunError(
+            f"--input is not valid JSON ({e}); pass a JSON object or @file"
+        ) from e
+    if not isinstance(value, dict):
+        raise WorkflowRunError("--input must be a JSON object")
+    return value
+
+
+def _failed_task(wf: dict[str, Any]) -> str:
+    for t in reversed(wf.get("tasks") or []):
+        if t.get("status") not in ("COMPLETED", "IN_PROGRESS", "SCHEDULED"):
+            return (
+                f"task {t.get('referenceTaskName')} ({t.get('taskType')}) "
+                f"{t.get('status')} after {int(t.get('retryCount') or 0) + 1} attempt(s): "
+                f"{t.get('reasonForIncompletion') or 'no reason given'}"
+            )
+    return str(wf.get("reasonForIncompletion") or "no reason given")
+
+
+@app.command()
+def run(
+    workflow: Annotated[str, typer.Argument(help="Registered workflow name.")],
+    input_: Annotated[
+        str | None, typer.Option("--input", help="Workflow input: JSON or @file.json.")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait for the end; print the output.")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 600.0,
+    version: Annotated[int | None, typer.Option("--version", help="Workflow version.")] = None,
+) -> None:
+    """Start WORKFLOW; with --wait print its output JSON and exit 0 only if it COMPLETED."""
+    from perago.adapters.conductor import ConductorClient
+
+    configure_logging()
+    try:
+        settings = config_module.load()
+        conductor = ConductorClient(settings)
+        workflow_id = conductor.start_workflow(workflow, _parse_input(input_), version=version)
+        if not wait:
+            typer.echo(workflow_id)
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            wf = conductor.get_workflow(workflow_id)
+            status = wf.get("status", "")
+            if status in _TERMINAL:
+                break
+            if time.monotonic() > deadline:
+                raise WorkflowRunError(
+                    f"workflow {workflow} ({workflow_id}) is still {status} after {timeout:.0f}s; "
+                    "is a worker running for its tasks? (perago worker MODULE...)"
+                )
+            time.sleep(0.5)
+    except PeragoError as e:
+        raise _fail(e) from e
+    if status != "COMPLETED":
+        typer.secho(
+            f"workflow {workflow} ({workflow_id}) {status}: {_failed_task(wf)}",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise typer.Exit(1)
+    typer.secho(f"workflow {workflow} ({workflow_id}) COMPLETED", err=True)
+    typer.echo(json.dumps(wf.get("output", {}), indent=2))
+
+
+def _mount_subcommands() -> None:
+    from perago.dev.cli import app as dev_app
+
+    app.add_typer(dev_app, name="dev", help="The local lakeFS + Conductor stack.")
+
+
+def main() -> None:
+    _mount_subcommands()
+    app()

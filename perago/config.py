@@ -1,0 +1,120 @@
+"""One typed settings object, loaded once from the environment (or an injected mapping).
+
+Variable names follow the ecosystems Perago sits in: ``CONDUCTOR_SERVER_URL`` (Conductor SDK)
+and ``LAKECTL_SERVER_ENDPOINT_URL`` / ``LAKECTL_CREDENTIALS_*`` (lakectl); Perago's own
+settings are ``PERAGO_*``. Nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from perago.errors import ConfigError
+
+__all__ = ["Settings", "load"]
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """Everything a worker, the CLI and the publisher need to know about their surroundings."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PERAGO_", extra="ignore", frozen=True, populate_by_name=True
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource, *_: object
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only `load()` reads the environment, so tests can inject it.
+        return (init_settings,)
+
+    conductor_server_url: str = Field(
+        default="http://127.0.0.1:18080/api",
+        validation_alias=AliasChoices("CONDUCTOR_SERVER_URL", "PERAGO_CONDUCTOR_SERVER_URL"),
+    )
+    lakefs_endpoint: str = Field(
+        default="http://127.0.0.1:18000",
+        validation_alias=AliasChoices("LAKECTL_SERVER_ENDPOINT_URL", "PERAGO_LAKEFS_ENDPOINT"),
+    )
+    lakefs_access_key_id: str = Field(
+        default="",
+        validation_alias=AliasChoices(
+            "LAKECTL_CREDENTIALS_ACCESS_KEY_ID", "PERAGO_LAKEFS_ACCESS_KEY_ID"
+        ),
+    )
+    lakefs_secret_access_key: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices(
+            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY", "PERAGO_LAKEFS_SECRET_ACCESS_KEY"
+        ),
+    )
+    work_dir: Path = Field(default_factory=lambda: Path(tempfile.gettempdir()) / "perago")
+    worker_id: str = Field(default_factory=_default_worker_id)
+    concurrency: int = Field(default=2, ge=1, le=256)
+    poll_interval: timedelta = timedelta(milliseconds=200)
+    shutdown_grace: timedelta = timedelta(seconds=30)
+    transfer_parallelism: int = Field(default=8, ge=1, le=128)
+    http_timeout: timedelta = timedelta(seconds=60)
+    spark_master: str = "local[*]"
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("conductor_server_url")
+    @classmethod
+    def _conductor_api(cls, url: str) -> str:
+        url = url.rstrip("/")
+        return url if url.endswith("/api") else url + "/api"
+
+    @field_validator("lakefs_endpoint")
+    @classmethod
+    def _lakefs_base(cls, url: str) -> str:
+        url = url.rstrip("/")
+        return url.removesuffix("/api/v1")
+
+    @property
+    def lakefs_api_url(self) -> str:
+        return self.lakefs_endpoint + "/api/v1"
+
+    def require_lakefs_credentials(self) -> None:
+        if not self.lakefs_access_key_id or not self.lakefs_secret_access_key.get_secret_value():
+            raise ConfigError(
+                "lakeFS credentials are not set: export LAKECTL_CREDENTIALS_ACCESS_KEY_ID and "
+                "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY (for the local stack: "
+                'eval "$(perago dev env)")'
+            )
+
+
+def load(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """Build settings from ``env`` (default: the process environment) plus explicit overrides."""
+    source = os.environ if env is None else env
+    values: dict[str, object] = {}
+    for name, field in Settings.model_fields.items():
+        aliases: list[str] = []
+        if isinstance(field.validation_alias, AliasChoices):
+            aliases = [a for a in field.validation_alias.choices if isinstance(a, str)]
+        aliases.append(f"PERAGO_{name.upper()}")
+        for alias in aliases:
+            if alias in source:
+                values[name] = source[alias]
+                break
+    unknown = set(overrides) - set(Settings.model_fields)
+    if unknown:
+        raise ConfigError(
+            f"unknown settings {sorted(unknown)}; known: {sorted(Settings.model_fields)}"
+        )
+    values.update(overrides)
+    try:
+        return Settings(**values)  # type: ignore[arg-type]
+    except ValidationError as e:
+        raise ConfigError(f"invalid Perago settings (fix the variables named below): {e}") from e

@@ -1,0 +1,78 @@
+"""Named step boundaries where crash tests kill, pause or fail a worker on purpose.
+
+Enabled by ``PERAGO_FAILPOINTS="after_publish=kill,after_stage=pause:30,after_body=error"``,
+read once when the worker starts. When unset, :func:`hit` is a dict lookup on an empty dict.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+
+import structlog
+
+from perago.errors import ConfigError, PeragoError
+
+__all__ = ["POINTS", "FailpointError", "configure", "hit"]
+
+POINTS = (
+    "after_materialize",
+    "after_body",
+    "after_fence1",
+    "after_stage",
+    "after_fence2",
+    "after_publish",
+    "after_complete",
+)
+
+log = structlog.get_logger("perago.failpoints")
+_active: dict[str, str] = {}
+
+
+class FailpointError(PeragoError):
+    """Raised by an ``error`` failpoint."""
+
+
+def parse(spec: str) -> dict[str, str]:
+    actions: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, action = item.partition("=")
+        if name not in POINTS:
+            raise ConfigError(f"unknown failpoint {name!r} in PERAGO_FAILPOINTS; known: {POINTS}")
+        if action not in ("kill", "error") and not action.startswith("pause:"):
+            raise ConfigError(
+                f"failpoint {name}: action {action!r} must be kill, error or pause:SECONDS"
+            )
+        if action.startswith("pause:"):
+            try:
+                float(action.removeprefix("pause:"))
+            except ValueError:
+                raise ConfigError(
+                    f"failpoint {name}: {action!r} needs a number of seconds"
+                ) from None
+        actions[name] = action
+    return actions
+
+
+def configure(env: Mapping[str, str] | None = None) -> None:
+    """(Re)read ``PERAGO_FAILPOINTS``; called by the worker at start-up."""
+    source = os.environ if env is None else env
+    _active.clear()
+    _active.update(parse(source.get("PERAGO_FAILPOINTS", "")))
+    if _active:
+        log.warning("failpoints_enabled", failpoints=dict(_active))
+
+
+def hit(name: str) -> None:
+    action = _active.get(name)
+    if action is None:
+        return
+    log.warning("failpoint_hit", failpoint=name, action=action)
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "error":
+        raise FailpointError(f"failpoint {name} raised an error on purpose (PERAGO_FAILPOINTS)")
+    else:
+        time.sleep(float(action.removeprefix("pause:")))

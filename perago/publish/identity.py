@@ -1,0 +1,92 @@
+"""Who published a commit: the attempt identity written into lakeFS commit metadata.
+
+A retry decides from this, never from worker-local state: a head counts as an abandoned
+publication only when its metadata names an earlier attempt of the same workflow instance
+and task reference.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from perago.store import Commit
+
+__all__ = ["AttemptIdentity", "StagedReference", "WorkspaceTarget", "staging_branch_name"]
+
+_KEY = "perago."
+_SAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass(frozen=True)
+class WorkspaceTarget:
+    """The resolved workspace input: target branch and the pinned input commit."""
+
+    repository: str
+    branch: str
+    input_ref: str
+
+
+@dataclass(frozen=True)
+class AttemptIdentity:
+    workflow_id: str
+    reference_name: str
+    task_id: str
+    retry_count: int
+    poll_count: int
+    task_type: str
+
+    def metadata(self, input_ref: str, **extra: str) -> dict[str, str]:
+        return {
+            f"{_KEY}workflow_id": self.workflow_id,
+            f"{_KEY}task_ref": self.reference_name,
+            f"{_KEY}task_id": self.task_id,
+            f"{_KEY}retry_count": str(self.retry_count),
+            f"{_KEY}poll_count": str(self.poll_count),
+            f"{_KEY}task_type": self.task_type,
+            f"{_KEY}input_ref": input_ref,
+            **{f"{_KEY}{k}": v for k, v in extra.items()},
+        }
+
+    @classmethod
+    def from_commit(cls, commit: Commit) -> AttemptIdentity | None:
+        m = commit.metadata
+        try:
+            return cls(
+                workflow_id=m[f"{_KEY}workflow_id"],
+                reference_name=m[f"{_KEY}task_ref"],
+                task_id=m[f"{_KEY}task_id"],
+                retry_count=int(m[f"{_KEY}retry_count"]),
+                poll_count=int(m.get(f"{_KEY}poll_count", "0")),
+                task_type=m.get(f"{_KEY}task_type", ""),
+            )
+        except (KeyError, ValueError):
+            return None
+
+    def same_step(self, other: AttemptIdentity) -> bool:
+        return self.workflow_id == other.workflow_id and self.reference_name == other.reference_name
+
+    def same_attempt(self, other: AttemptIdentity) -> bool:
+        return self.same_step(other) and (self.task_id, self.poll_count) == (
+            other.task_id,
+            other.poll_count,
+        )
+
+    def is_earlier_attempt_of_same_step(self, other: AttemptIdentity) -> bool:
+        """True if ``other`` is an earlier (or re-delivered) attempt of this workflow step."""
+        if not self.same_step(other) or self.same_attempt(other):
+            return False
+        # A retry has a higher retry count; a re-delivery of one task id a higher poll count.
+        return (other.retry_count, other.poll_count) < (self.retry_count, self.poll_count)
+
+
+def staging_branch_name(identity: AttemptIdentity) -> str:
+    """Execution-scoped and unique per delivery (a task id may be delivered twice)."""
+    return f"perago-stg-{_SAFE.sub('_', identity.task_id)}-p{identity.poll_count}"
+
+
+@dataclass(frozen=True)
+class StagedReference:
+    repository: str
+    staging_branch: str
+    staging_commit: str

@@ -1,0 +1,218 @@
+"""Try / Confirm / Cancel for one writable attempt (PROTOCOL.md steps 6-12).
+
+Every decision is taken from the explicit staged reference, the workspace target and what
+Conductor and lakeFS say now; nothing is remembered between attempts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+
+from perago import failpoints
+from perago.errors import ConflictError, PublishFenceError, StoreError
+from perago.publish.fences import AttemptLedger, HeadDecision, check_attempt, decide_publication
+from perago.publish.identity import (
+    AttemptIdentity,
+    StagedReference,
+    WorkspaceTarget,
+    staging_branch_name,
+)
+from perago.store import VersionStore
+from perago.workspace import Diff, upload_all
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """Runs the writable path of the protocol against a store and a ledger."""
+
+    def __init__(
+        self,
+        store: VersionStore,
+        ledger: AttemptLedger,
+        *,
+        worker_id: str,
+        parallelism: int = 8,
+    ) -> None:
+        self._store = store
+        self._ledger = ledger
+        self._worker_id = worker_id
+        self._parallelism = parallelism
+
+    def publish(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        prefix: str,
+        workspace: Path,
+        diff: Diff,
+        log: structlog.stdlib.BoundLogger,
+    ) -> str:
+        """Fence, stage, fence, confirm; returns the ref the target branch now holds."""
+        check_attempt(self._ledger, me, worker_id=self._worker_id)
+        log.info("attempt_fence_passed", fence=1)
+        failpoints.hit("after_fence1")
+        if diff.is_empty:
+            return self._confirm_noop(me, target, log)
+        staged: StagedReference | None = None
+        try:
+            staged = self._stage(me, target, prefix, workspace, diff, log)
+            failpoints.hit("after_stage")
+            check_attempt(self._ledger, me, worker_id=self._worker_id)
+            log.info("attempt_fence_passed", fence=2)
+            failpoints.hit("after_fence2")
+            published = self._confirm(me, target, staged, log)
+            failpoints.hit("after_publish")
+            return published
+        finally:
+            self.cancel(target.repository, staging_branch_name(me), log)
+
+    # -- Try ---------------------------------------------------------------------------------
+
+    def _stage(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        prefix: str,
+        workspace: Path,
+        diff: Diff,
+        log: structlog.stdlib.BoundLogger,
+    ) -> StagedReference:
+        repo, branch = target.repository, staging_branch_name(me)
+        try:
+            self._store.create_branch(repo, branch, target.input_ref)
+        except ConflictError:
+            # Only this very delivery uses this name: a leftover of an earlier try of ours.
+            self._store.delete_branch(repo, branch)
+            self._store.create_branch(repo, branch, target.input_ref)
+        log.info("staging_branch_created", staging_branch=branch)
+        upload_all(
+            self._store,
+            repo,
+            branch,
+            prefix,
+            workspace,
+            diff.uploads,
+            parallelism=self._parallelism,
+        )
+        if diff.deleted:
+            self._store.delete_objects(repo, branch, [prefix + p for p in diff.deleted])
+        commit = self._store.commit(
+            repo,
+            branch,
+            message=f"perago: stage {me.task_type} ({me.reference_name}) of {me.workflow_id}",
+            metadata=me.metadata(target.input_ref, kind="staged"),
+        )
+        if commit.parents[:1] != (target.input_ref,):
+            raise StoreError(
+                f"staged commit {commit.id} has parents {commit.parents}, expected the input "
+                f"ref {target.input_ref}; the staging branch was changed by someone else"
+            )
+        log.info("staged", staging_branch=branch, staging_commit=commit.id, **diff.summary())
+        return StagedReference(repo, branch, commit.id)
+
+    # -- Confirm -----------------------------------------------------------------------------
+
+    def _confirm(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        staged: StagedReference,
+        log: structlog.stdlib.BoundLogger,
+    ) -> str:
+        repo = target.repository
+        head = self._store.get_commit(repo, self._store.branch_head(repo, target.branch))
+        decision = decide_publication(head, target.input_ref, me)
+        log.info("publish_fence_passed", decision=decision.value, head=head.id)
+        if decision is HeadDecision.LANDED:
+            return head.id
+        if decision is HeadDecision.REPLACE:
+            self._keep_reachable(repo, head.id, me, log)
+            self._store.hard_reset(repo, target.branch, staged.staging_commit)
+            now = self._store.branch_head(repo, target.branch)
+            if now != staged.staging_commit:
+                raise PublishFenceError(
+                    f"replacement publication: after the reset the head of {target.branch} is "
+                    f"{now}, not the staged commit {staged.staging_commit}: another writer "
+                    "raced; inspect the branch history"
+                )
+            log.info("published", mode="replace", ref=now, replaced=head.id)
+            return now
+        try:
+            merged = self._store.merge(
+                repo,
+                staged.staging_branch,
+                target.branch,
+                message=f"perago: publish {me.task_type} ({me.reference_name}) of {me.workflow_id}",
+                metadata=me.metadata(
+                    target.input_ref, kind="publication", staged_commit=staged.staging_commit
+                ),
+            )
+        except StoreError as e:
+            landed = self.find_own_publication(repo, target.branch, me)
+            if landed is None:
+                raise
+            log.warning("merge_answer_lost_but_landed", ref=landed, error=str(e))
+            return landed
+        merge_commit = self._store.get_commit(repo, merged)
+        if merge_commit.parents[:1] != (head.id,):
+            raise PublishFenceError(
+                f"post-publish check: merge commit {merged} has first parent "
+                f"{merge_commit.parents[:1]}, but the fence saw head {head.id}: a foreign "
+                f"writer moved {target.branch} between fence and merge. The publication landed "
+                "on top of it; inspect the branch history before retrying"
+            )
+        log.info("published", mode="merge", ref=merged)
+        return merged
+
+    def _confirm_noop(
+        self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
+    ) -> str:
+        repo = target.repository
+        head = self._store.get_commit(repo, self._store.branch_head(repo, target.branch))
+        decision = decide_publication(head, target.input_ref, me)
+        if decision is HeadDecision.FIRST:
+            log.info("noop_completed", ref=target.input_ref)
+            return target.input_ref
+        if decision is HeadDecision.LANDED:
+            raise PublishFenceError(
+                f"no-op attempt found its own publication {head.id} on {target.branch}; "
+                "this cannot happen for an empty diff: inspect the branch"
+            )
+        self._keep_reachable(repo, head.id, me, log)
+        self._store.hard_reset(repo, target.branch, target.input_ref)
+        log.info("noop_relocated", ref=target.input_ref, replaced=head.id)
+        return target.input_ref
+
+    def _keep_reachable(
+        self, repo: str, commit_id: str, me: AttemptIdentity, log: structlog.stdlib.BoundLogger
+    ) -> None:
+        """Tag a head before a hard reset replaces it, so no commit becomes unreachable."""
+        tag = f"perago-replaced-{commit_id[:16]}-r{me.retry_count}"
+        try:
+            self._store.create_tag(repo, tag, commit_id)
+        except ConflictError:
+            pass  # created by an earlier try of the same replacement
+        log.info("replaced_head_tagged", tag=tag, ref=commit_id)
+
+    def find_own_publication(self, repo: str, branch: str, me: AttemptIdentity) -> str | None:
+        """'Did it land?': look for a commit of this attempt in the branch's recent history."""
+        for commit in self._store.log(repo, branch, amount=20):
+            owner = AttemptIdentity.from_commit(commit)
+            if owner is not None and owner.same_attempt(me):
+                return commit.id
+        return None
+
+    # -- Cancel ------------------------------------------------------------------------------
+
+    def cancel(
+        self, repository: str, staging_branch: str, log: structlog.stdlib.BoundLogger
+    ) -> None:
+        """Delete the staging branch; a failure is logged and never changes the result."""
+        try:
+            self._store.delete_branch(repository, staging_branch)
+            log.info("staging_branch_deleted", staging_branch=staging_branch)
+        except Exception as e:  # noqa: BLE001 - cleanup must never mask the attempt's result
+            log.warning("staging_cleanup_failed", staging_branch=staging_branch, error=str(e))

@@ -1,0 +1,125 @@
+"""Find task definitions in modules and register them (and workflows) with Conductor."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from perago.adapters.conductor import ConductorClient
+from perago.errors import RegistrationError
+from perago.task import TaskDefinition
+
+__all__ = ["discover", "load_workflows", "register"]
+
+_NON_WORKER_TYPES = {
+    "SWITCH",
+    "DECISION",
+    "FORK_JOIN",
+    "FORK_JOIN_DYNAMIC",
+    "JOIN",
+    "DO_WHILE",
+    "SUB_WORKFLOW",
+    "SET_VARIABLE",
+    "TERMINATE",
+    "WAIT",
+    "HTTP",
+    "INLINE",
+    "JSON_JQ_TRANSFORM",
+    "EVENT",
+    "HUMAN",
+    "DYNAMIC",
+    "START_WORKFLOW",
+    "KAFKA_PUBLISH",
+    "NOOP",
+}
+
+
+def discover(modules: Sequence[str]) -> list[TaskDefinition[Any, Any]]:
+    """Import ``modules`` and return every module-level task definition, in order."""
+    if "" not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`: modules of the current directory
+    found: dict[str, TaskDefinition[Any, Any]] = {}
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise RegistrationError(
+                f"cannot import module {name!r}: {e}; pass a dotted module path importable "
+                "from the current directory, e.g. workers.orders.tasks"
+            ) from e
+        defs = [v for v in vars(module).values() if isinstance(v, TaskDefinition)]
+        if not defs:
+            raise RegistrationError(f"module {name!r} defines no @task functions")
+        for d in defs:
+            other = found.get(d.name)
+            if other is not None and other.fn is not d.fn:
+                raise RegistrationError(f"two different tasks are named {d.name!r}; rename one")
+            found[d.name] = d
+    return list(found.values())
+
+
+def _task_names(tasks: Iterable[dict[str, Any]]) -> Iterable[tuple[str, str]]:
+    for t in tasks:
+        kind = str(t.get("type", "SIMPLE")).upper()
+        if kind not in _NON_WORKER_TYPES:
+            yield str(t.get("name", "")), str(t.get("taskReferenceName", ""))
+        for nested_key in ("forkTasks",):
+            for branch in t.get(nested_key) or []:
+                yield from _task_names(branch)
+        for nested_key in ("loopOver", "defaultCase"):
+            yield from _task_names(t.get(nested_key) or [])
+        for case in (t.get("decisionCases") or {}).values():
+            yield from _task_names(case)
+
+
+def load_workflows(directory: Path) -> list[dict[str, Any]]:
+    if not directory.is_dir():
+        raise RegistrationError(f"workflow directory {directory} does not exist")
+    workflows = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            wf = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise RegistrationError(f"{path} is not valid JSON: {e}") from e
+        if not isinstance(wf, dict) or not wf.get("name") or not isinstance(wf.get("tasks"), list):
+            raise RegistrationError(
+                f"{path} is not a Conductor workflow definition (needs name and tasks)"
+            )
+        wf.setdefault("version", 1)
+        wf.setdefault("schemaVersion", 2)
+        wf.setdefault("ownerEmail", "perago@example.com")
+        wf["_source"] = str(path)
+        workflows.append(wf)
+    if not workflows:
+        raise RegistrationError(f"no *.json workflow definitions in {directory}")
+    return workflows
+
+
+def register(
+    conductor: ConductorClient,
+    tasks: Sequence[TaskDefinition[Any, Any]],
+    workflows: Sequence[dict[str, Any]] = (),
+) -> None:
+    """Upsert task definitions, then workflows; a workflow naming an unknown task is an error."""
+    if tasks:
+        conductor.register_task_defs([t.conductor_task_def() for t in tasks])
+    known = {t.name for t in tasks}
+    for wf in workflows:
+        for name, ref in _task_names(wf["tasks"]):
+            if name in known:
+                continue
+            if not conductor.task_def_exists(name):
+                raise RegistrationError(
+                    f"workflow {wf['name']!r} ({wf.get('_source', '?')}) uses task {name!r} "
+                    f"(ref {ref!r}), which is neither in the given modules nor registered in "
+                    "Conductor; add its module to `perago register`"
+                )
+            known.add(name)
+    if workflows:
+        conductor.put_workflow_defs(
+            [{k: v for k, v in wf.items() if k != "_source"} for wf in workflows]
+        )

@@ -1,0 +1,288 @@
+"""One attempt, start to finish: guardrails, materialize, body, diff, publish, outcome.
+
+The worker polls and reports; this module decides what an attempt's outcome is, following
+the failure matrix of PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from perago import failpoints
+from perago.adapters.conductor import TaskSnapshot
+from perago.config import Settings
+from perago.context import AttemptInfo, _current
+from perago.errors import (
+    GuardrailError,
+    Interrupt,
+    NotFoundError,
+    PeragoError,
+    ResultValidationError,
+    TaskError,
+    WorkerShutdown,
+)
+from perago.publish import AttemptIdentity, AttemptLedger, Publisher, WorkspaceTarget
+from perago.store import VersionStore
+from perago.task import TaskDefinition
+from perago.workspace import AttemptDirectory, compute_diff, materialize
+
+__all__ = ["AttemptRunner", "Outcome", "WorkspaceInput"]
+
+Status = Literal["COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR"]
+
+
+class WorkspaceInput(BaseModel):
+    """The ``workspace`` part of a task's input."""
+
+    model_config = ConfigDict(extra="forbid")
+    repository: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]{2,62}$")
+    branch: str = Field(min_length=1, max_length=256, pattern=r"^\w[-\w]*$")
+    ref: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Status
+    output: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+
+def _validation_summary(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors()[:5]:
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _failure(e: BaseException, *, where: str) -> Outcome:
+    if isinstance(e, PeragoError):
+        status: Status = "FAILED_WITH_TERMINAL_ERROR" if e.non_retryable else "FAILED"
+        return Outcome(status, reason=f"{where}: {e.message}")
+    lines = traceback.format_exception_only(type(e), e)
+    summary = "".join(lines).strip().splitlines()
+    return Outcome("FAILED", reason=f"{where}: {summary[-1] if summary else type(e).__name__}")
+
+
+class AttemptRunner:
+    """Runs attempts of registered tasks against one store and one ledger."""
+
+    def __init__(
+        self,
+        store: VersionStore,
+        ledger: AttemptLedger,
+        settings: Settings,
+        *,
+        spark: Callable[[], Any] | None = None,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._spark = spark
+        self._publisher = Publisher(
+            store, ledger, worker_id=settings.worker_id, parallelism=settings.transfer_parallelism
+        )
+
+    def run(self, defn: TaskDefinition[Any, Any], task: TaskSnapshot) -> Outcome:
+        me = AttemptIdentity(
+            workflow_id=task.workflow_id,
+            reference_name=task.reference_name,
+            task_id=task.task_id,
+            retry_count=task.retry_count,
+            poll_count=task.poll_count,
+            task_type=task.task_type,
+        )
+        log: structlog.stdlib.BoundLogger = structlog.get_logger("perago.attempt").bind(
+            workflow_id=me.workflow_id,
+            task_id=me.task_id,
+            task_type=me.task_type,
+            task_ref=me.reference_name,
+            retry_count=me.retry_count,
+        )
+        started = time.monotonic()
+        try:
+            target, params = self._pre_guardrails(defn, task.input)
+        except GuardrailError as e:
+            log.warning("pre_guardrails_failed", reason=e.message)
+            return _failure(e, where="pre-guardrail")
+        except PeragoError as e:
+            log.warning("pre_guardrails_unavailable", reason=e.message)
+            return _failure(e, where="pre-guardrail (store unavailable)")
+        log = log.bind(
+            repository=target.repository, branch=target.branch, input_ref=target.input_ref
+        )
+        log.info("pre_guardrails_passed", read_only=defn.workspace.read_only)
+        outcome = self._run_checked(defn, me, target, params, log)
+        log.info(
+            "attempt_finished",
+            status=outcome.status,
+            reason=outcome.reason or None,
+            ref=outcome.output.get("workspace", {}).get("ref"),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return outcome
+
+    def _pre_guardrails(
+        self, defn: TaskDefinition[Any, Any], raw: dict[str, Any]
+    ) -> tuple[WorkspaceTarget, BaseModel]:
+        if "workspace" not in raw:
+            raise GuardrailError(
+                'task input has no "workspace": pass {"workspace": {"repository", "branch", '
+                '"ref"}, "params": {...}} (chain steps with "${prev.output.workspace}")'
+            )
+        try:
+            ws = WorkspaceInput.model_validate(raw["workspace"])
+        except ValidationError as e:
+            raise GuardrailError(f"invalid workspace input: {_validation_summary(e)}") from e
+        try:
+            params = defn.params_type.model_validate(raw.get("params") or {})
+        except ValidationError as e:
+            raise GuardrailError(
+                f"invalid params for {defn.name}: {_validation_summary(e)}; fix the workflow's "
+                "task input"
+            ) from e
+        if not self._store.repository_exists(ws.repository):
+            raise GuardrailError(
+                f"lakeFS repository {ws.repository!r} does not exist; create it or fix the "
+                "workflow input"
+            )
+        try:
+            head = self._store.branch_head(ws.repository, ws.branch)
+        except NotFoundError as e:
+            raise GuardrailError(
+                f"branch {ws.branch!r} does not exist in {ws.repository!r}; create it or fix the "
+                "workflow input"
+            ) from e
+        if ws.ref is None:
+            input_ref = head
+        else:
+            try:
+                input_ref = self._store.get_commit(ws.repository, ws.ref).id
+            except NotFoundError as e:
+                raise GuardrailError(
+                    f"ref {ws.ref!r} does not exist in {ws.repository!r}; pass a commit id "
+                    "(or omit ref to start from the branch head)"
+                ) from e
+        return WorkspaceTarget(ws.repository, ws.branch, input_ref), params
+
+    def _run_checked(
+        self,
+        defn: TaskDefinition[Any, Any],
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        params: BaseModel,
+        log: structlog.stdlib.BoundLogger,
+    ) -> Outcome:
+        where = "materialize"
+        try:
+            with AttemptDirectory(self._settings.work_dir, me.task_id) as attempt_dir:
+                manifest = materialize(
+                    self._store,
+                    target.repository,
+                    target.input_ref,
+                    defn.workspace.prefix,
+                    attempt_dir.workspace,
+                    parallelism=self._settings.transfer_parallelism,
+                )
+                manifest.save(attempt_dir.manifest_path)
+                log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
+                failpoints.hit("after_materialize")
+                where = "task body"
+                result = self._call_body(defn, me, target, params, attempt_dir.workspace)
+                log.info("body_finished")
+                failpoints.hit("after_body")
+                where = "post-guardrail"
+                checked = self._post_guardrails(defn, result)
+                if defn.workspace.read_only:
+                    log.info("read_only_completed", ref=target.input_ref)
+                    return self._completed(target, target.input_ref, checked)
+                where = "diff"
+                diff = compute_diff(manifest, attempt_dir.workspace)
+                log.info("diffed", **diff.summary())
+                where = "publish"
+                ref = self._publisher.publish(
+                    me, target, defn.workspace.prefix, attempt_dir.workspace, diff, log
+                )
+                return self._completed(target, ref, checked)
+        except WorkerShutdown:
+            log.warning("attempt_interrupted", step=where)
+            return Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+        except Interrupt:
+            raise
+        except TaskError as e:
+            log.warning("task_error", step=where, reason=e.message, non_retryable=e.non_retryable)
+            return _failure(e, where=where)
+        except Exception as e:  # noqa: BLE001 - any failure of user code or I/O fails the attempt
+            log.warning("attempt_failed", step=where, error=f"{type(e).__name__}: {e}")
+            return _failure(e, where=where)
+
+    def _call_body(
+        self,
+        defn: TaskDefinition[Any, Any],
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        params: BaseModel,
+        workspace: Any,
+    ) -> Any:
+        token = _current.set(
+            AttemptInfo(
+                workflow_id=me.workflow_id,
+                task_id=me.task_id,
+                task_type=me.task_type,
+                reference_name=me.reference_name,
+                retry_count=me.retry_count,
+                poll_count=me.poll_count,
+                repository=target.repository,
+                branch=target.branch,
+                input_ref=target.input_ref,
+            )
+        )
+        try:
+            if defn.wants_spark:
+                if self._spark is None:
+                    raise TaskError(
+                        f"task {defn.name} needs Spark but the worker has no Spark session "
+                        "provider; run it with `perago worker`",
+                        non_retryable=True,
+                    )
+                return defn.fn(workspace, params, spark=self._spark())
+            return defn.fn(workspace, params)
+        finally:
+            _current.reset(token)
+
+    @staticmethod
+    def _post_guardrails(defn: TaskDefinition[Any, Any], result: Any) -> BaseModel:
+        if isinstance(result, BaseModel) and not isinstance(result, defn.result_type):
+            raise ResultValidationError(
+                f"{defn.name} returned a {type(result).__name__}, declared "
+                f"{defn.result_type.__name__}; return the declared result model"
+            )
+        data = result.model_dump() if isinstance(result, BaseModel) else result
+        try:
+            checked: BaseModel = defn.result_type.model_validate(data)
+            return checked
+        except ValidationError as e:
+            raise ResultValidationError(
+                f"the result of {defn.name} does not validate as {defn.result_type.__name__}: "
+                f"{_validation_summary(e)}"
+            ) from e
+
+    @staticmethod
+    def _completed(target: WorkspaceTarget, ref: str, result: BaseModel) -> Outcome:
+        return Outcome(
+            "COMPLETED",
+            output={
+                "workspace": {
+                    "repository": target.repository,
+                    "branch": target.branch,
+                    "ref": ref,
+                },
+                "result": result.model_dump(mode="json"),
+            },
+        )

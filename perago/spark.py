@@ -1,0 +1,73 @@
+"""One Spark session per worker process: created on first use, reused, rebuilt if dead.
+
+The master comes from settings: ``local[*]`` by default, a ``spark://`` standalone master,
+or Spark Connect (``sc://host:port``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import structlog
+
+from perago.config import Settings
+
+__all__ = ["SparkSessions"]
+
+log = structlog.get_logger("perago.spark")
+
+
+class SparkSessions:
+    """Lazily builds the worker's session; call :meth:`stop` on shutdown."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._session: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        with self._lock:
+            if self._session is not None and not self._alive(self._session):
+                log.warning("spark_session_dead_rebuilding")
+                self._stop_locked()
+            if self._session is None:
+                self._session = self._build()
+            return self._session
+
+    def _build(self) -> Any:
+        from pyspark.sql import SparkSession  # imported lazily: the JVM starts only if needed
+
+        master = self._settings.spark_master
+        builder = SparkSession.builder.appName("perago-worker")
+        if master.startswith("sc://"):
+            builder = builder.remote(master)
+        else:
+            builder = builder.master(master).config("spark.ui.enabled", "false")
+        for key, value in self._settings.spark_conf.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        log.info("spark_session_started", master=master, version=session.version)
+        return session
+
+    @staticmethod
+    def _alive(session: Any) -> bool:
+        # Cheap: asks the JVM whether the context was stopped (a killed driver raises).
+        try:
+            return not session.sparkContext._jsc.sc().isStopped()
+        except AttributeError:
+            return True  # Spark Connect: the server owns the session's life
+        except Exception:  # noqa: BLE001 - a dead JVM gateway fails in many ways
+            return False
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop_locked()
+
+    def _stop_locked(self) -> None:
+        if self._session is not None:
+            try:
+                self._session.stop()
+            except Exception as e:  # noqa: BLE001 - stopping a broken session may fail too
+                log.warning("spark_stop_failed", error=str(e))
+            self._session = None

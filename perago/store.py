@@ -1,0 +1,58 @@
+"""What the publication protocol needs from a versioned object store (lakeFS in production).
+
+The protocol logic talks to this interface only; ``perago.adapters.lakefs`` implements it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+__all__ = ["Commit", "ObjectInfo", "VersionStore"]
+
+
+@dataclass(frozen=True)
+class Commit:
+    id: str
+    parents: tuple[str, ...] = ()
+    message: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    path: str
+    size: int
+    checksum: str
+
+
+class VersionStore(Protocol):
+    def repository_exists(self, repository: str) -> bool: ...
+    def branch_head(self, repository: str, branch: str) -> str: ...
+    def get_commit(self, repository: str, ref: str) -> Commit: ...
+    def log(self, repository: str, ref: str, *, amount: int = 50) -> list[Commit]: ...
+    def create_branch(self, repository: str, name: str, source: str) -> None: ...
+    def delete_branch(self, repository: str, name: str) -> None: ...
+    def list_branches(self, repository: str, *, prefix: str = "") -> list[tuple[str, str]]: ...
+    def create_tag(self, repository: str, tag: str, ref: str) -> None: ...
+    def commit(
+        self, repository: str, branch: str, *, message: str, metadata: dict[str, str]
+    ) -> Commit: ...
+    def merge(
+        self,
+        repository: str,
+        source: str,
+        destination: str,
+        *,
+        message: str,
+        metadata: dict[str, str],
+    ) -> str: ...
+    def hard_reset(self, repository: str, branch: str, ref: str) -> None: ...
+    def list_objects(self, repository: str, ref: str, prefix: str) -> Iterator[ObjectInfo]: ...
+    def download(self, repository: str, ref: str, path: str, dest: IO[bytes]) -> None: ...
+    def upload(
+        self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
+    ) -> str: ...
+    def delete_objects(self, repository: str, branch: str, paths: Sequence[str]) -> None: ...

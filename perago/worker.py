@@ -1,0 +1,243 @@
+"""The Conductor worker: poll, run attempts concurrently, extend leases, drain on SIGTERM.
+
+conductor-python's TaskHandler has no drain, no attempt fencing and forks per task type, so
+Perago runs its own small loop and uses the SDK only for HTTP.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import structlog
+
+from perago import failpoints
+from perago.adapters.conductor import ConductorClient, TaskSnapshot
+from perago.config import Settings
+from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
+from perago.runtime import AttemptRunner, Outcome
+from perago.store import VersionStore
+from perago.task import TaskDefinition
+
+__all__ = ["Worker"]
+
+log = structlog.get_logger("perago.worker")
+
+
+@dataclass
+class _InFlight:
+    snapshot: TaskSnapshot
+    thread: threading.Thread
+    ident: int = 0
+    interrupted: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+
+class Worker:
+    """Runs the given tasks until SIGTERM/SIGINT (or :meth:`stop`)."""
+
+    def __init__(
+        self,
+        tasks: Sequence[TaskDefinition[Any, Any]],
+        *,
+        settings: Settings,
+        store: VersionStore,
+        conductor: ConductorClient,
+        spark: Any = None,
+    ) -> None:
+        if not tasks:
+            raise ConfigError("a worker needs at least one task: pass modules that define @task")
+        names = [t.name for t in tasks]
+        duplicates = {n for n in names if names.count(n) > 1}
+        if duplicates:
+            raise ConfigError(f"task names must be unique in one worker, repeated: {duplicates}")
+        self._tasks = {t.name: t for t in tasks}
+        self._settings = settings
+        self._conductor = conductor
+        self._runner = AttemptRunner(store, conductor, settings, spark=spark)
+        self._inflight: dict[str, _InFlight] = {}
+        self._lock = threading.Condition()
+        self._draining = threading.Event()
+        self._force = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._inflight)
+
+    def stop(self, *, force: bool = False) -> None:
+        """Stop polling; with ``force`` interrupt in-flight attempts now."""
+        if force or self._draining.is_set():
+            self._force.set()
+        self._draining.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        log.warning("shutdown_requested", signal=signal.Signals(signum).name)
+        self.stop()
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        failpoints.configure()
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        log.info(
+            "worker_started",
+            worker_id=self._settings.worker_id,
+            tasks=sorted(self._tasks),
+            concurrency=self._settings.concurrency,
+        )
+        try:
+            self._poll_loop()
+        finally:
+            self._drain()
+        log.info("worker_stopped", worker_id=self._settings.worker_id)
+
+    # -- polling -----------------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        idle = self._settings.poll_interval.total_seconds()
+        failures = 0
+        while not self._draining.is_set():
+            with self._lock:
+                free = self._settings.concurrency - len(self._inflight)
+                if free <= 0:
+                    self._lock.wait(timeout=idle)
+                    continue
+            got_any = False
+            for name in self._tasks:
+                if self._draining.is_set() or free <= 0:
+                    break
+                try:
+                    polled = self._conductor.batch_poll(
+                        name, worker_id=self._settings.worker_id, count=free, timeout_ms=100
+                    )
+                    failures = 0
+                except PeragoError as e:
+                    failures += 1
+                    backoff = min(30.0, 0.5 * 2**failures)
+                    log.warning("poll_failed", task_type=name, error=e.message, retry_in=backoff)
+                    self._draining.wait(backoff)
+                    break
+                for raw in polled:
+                    self._start(TaskSnapshot.from_json(raw))
+                    free -= 1
+                    got_any = True
+            if not got_any:
+                self._draining.wait(idle)
+
+    def _start(self, snapshot: TaskSnapshot) -> None:
+        thread = threading.Thread(
+            target=self._attempt,
+            args=(snapshot,),
+            name=f"perago-attempt-{snapshot.task_id}",
+            daemon=True,
+        )
+        with self._lock:
+            self._inflight[snapshot.task_id] = _InFlight(snapshot, thread)
+        thread.start()
+
+    # -- one attempt ---------------------------------------------------------------------------
+
+    def _attempt(self, snapshot: TaskSnapshot) -> None:
+        with self._lock:
+            self._inflight[snapshot.task_id].ident = threading.get_ident()
+        stop_lease = threading.Event()
+        lease = threading.Thread(
+            target=self._extend_lease,
+            args=(snapshot, stop_lease),
+            daemon=True,
+            name=f"perago-lease-{snapshot.task_id}",
+        )
+        lease.start()
+        try:
+            try:
+                outcome = self._runner.run(self._tasks[snapshot.task_type], snapshot)
+            except WorkerShutdown:
+                outcome = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+            stop_lease.set()
+            self._report(snapshot, outcome)
+            failpoints.hit("after_complete")
+        except Interrupt:
+            pass
+        finally:
+            stop_lease.set()
+            with self._lock:
+                self._inflight.pop(snapshot.task_id, None)
+                self._lock.notify_all()
+
+    def _extend_lease(self, snapshot: TaskSnapshot, stop: threading.Event) -> None:
+        timeout = snapshot.response_timeout_seconds
+        if timeout <= 0:
+            return
+        interval = max(1.0, timeout / 3)
+        while not stop.wait(interval):
+            try:
+                self._conductor.extend_lease(
+                    snapshot.task_id, snapshot.workflow_id, self._settings.worker_id
+                )
+                log.debug("lease_extended", task_id=snapshot.task_id)
+            except PeragoError as e:
+                log.warning("lease_extension_failed", task_id=snapshot.task_id, error=e.message)
+
+    def _report(self, snapshot: TaskSnapshot, outcome: Outcome) -> None:
+        body: dict[str, Any] = {
+            "taskId": snapshot.task_id,
+            "workflowInstanceId": snapshot.workflow_id,
+            "workerId": self._settings.worker_id,
+            "status": outcome.status,
+            "outputData": outcome.output,
+        }
+        if outcome.reason:
+            body["reasonForIncompletion"] = outcome.reason[:2000]
+        try:
+            self._conductor.update_task(body)
+            log.info(
+                "attempt_reported",
+                workflow_id=snapshot.workflow_id,
+                task_id=snapshot.task_id,
+                retry_count=snapshot.retry_count,
+                status=outcome.status,
+            )
+        except PeragoError as e:
+            # Conductor times the attempt out and retries it; the retry decides from HEAD.
+            log.error("report_failed", task_id=snapshot.task_id, error=e.message)
+
+    # -- drain ----------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        grace = self._settings.shutdown_grace.total_seconds()
+        deadline = time.monotonic() + grace
+        with self._lock:
+            if self._inflight:
+                log.info("draining", in_flight=len(self._inflight), grace_seconds=grace)
+            while self._inflight and not self._force.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(timeout=min(left, 0.5))
+            remaining = list(self._inflight.values())
+        for item in remaining:
+            log.warning("interrupting_attempt", task_id=item.snapshot.task_id)
+            _raise_in_thread(item.ident, WorkerShutdown)
+        end = time.monotonic() + 15
+        for item in remaining:
+            item.thread.join(timeout=max(0.0, end - time.monotonic()))
+
+
+def _raise_in_thread(ident: int, exc: type[BaseException]) -> None:
+    """Deliver ``exc`` in another thread at its next Python instruction."""
+    if ident:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))

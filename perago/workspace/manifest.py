@@ -1,0 +1,142 @@
+"""What was materialized, and what changed since: the manifest and the diff.
+
+Change detection uses size and a content checksum, never timestamps: a same-size rewrite
+within the same second is a change (``lakectl local`` misses it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from perago.errors import UnsafePathError
+
+__all__ = ["Diff", "Manifest", "ManifestEntry", "compute_diff", "file_md5", "scan"]
+
+_CHUNK = 1024 * 1024
+
+
+def file_md5(path: Path) -> str:
+    h = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    path: str  # relative to the workspace, '/'-separated
+    size: int
+    checksum: str  # MD5 hex of the content
+
+
+@dataclass
+class Manifest:
+    entries: dict[str, ManifestEntry] = field(default_factory=dict)
+
+    def add(self, entry: ManifestEntry) -> None:
+        self.entries[entry.path] = entry
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps([asdict(e) for e in self.entries.values()]))
+
+    @classmethod
+    def load(cls, path: Path) -> Manifest:
+        m = cls()
+        for raw in json.loads(path.read_text()):
+            m.add(ManifestEntry(**raw))
+        return m
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries.values())
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Diff:
+    added: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.added or self.changed or self.deleted)
+
+    @property
+    def uploads(self) -> tuple[str, ...]:
+        return self.added + self.changed
+
+    def summary(self) -> dict[str, int]:
+        return {
+            "added": len(self.added),
+            "changed": len(self.changed),
+            "deleted": len(self.deleted),
+        }
+
+
+def _relative_name(root: Path, full: str) -> str:
+    rel = os.path.relpath(full, root).replace(os.sep, "/")
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnsafePathError(
+            f"file name {os.fsencode(rel)!r} in the workspace is not valid UTF-8; lakeFS paths "
+            "are UTF-8: rename it in the task body"
+        ) from None
+    return rel
+
+
+def scan(root: Path) -> Iterator[LocalFile]:
+    """Every regular file under ``root``; anything else is an error found before any upload.
+
+    Symlinks are never followed (``lstat``), so nothing outside ``root`` is ever read.
+    """
+    stack = [str(root)]
+    while stack:
+        current = stack.pop()
+        with os.scandir(current) as it:
+            for entry in it:
+                st = entry.stat(follow_symlinks=False)
+                mode = st.st_mode
+                if stat.S_ISLNK(mode):
+                    raise UnsafePathError(
+                        f"the workspace holds a symlink {_relative_name(root, entry.path)!r}; "
+                        "Perago publishes regular files only: write a copy instead of a link"
+                    )
+                if stat.S_ISDIR(mode):
+                    stack.append(entry.path)
+                elif stat.S_ISREG(mode):
+                    yield LocalFile(_relative_name(root, entry.path), st.st_size)
+                else:
+                    raise UnsafePathError(
+                        f"the workspace holds {_relative_name(root, entry.path)!r}, which is not "
+                        "a regular file (device, FIFO or socket); remove it before returning"
+                    )
+
+
+def compute_diff(manifest: Manifest, root: Path) -> Diff:
+    """Compare the attempt directory with what was materialized."""
+    added: list[str] = []
+    changed: list[str] = []
+    seen: set[str] = set()
+    for f in scan(root):
+        seen.add(f.path)
+        before = manifest.entries.get(f.path)
+        if before is None:
+            added.append(f.path)
+        elif before.size != f.size or before.checksum != file_md5(root / f.path):
+            changed.append(f.path)
+    deleted = [p for p in manifest.entries if p not in seen]
+    return Diff(tuple(sorted(added)), tuple(sorted(changed)), tuple(sorted(deleted)))

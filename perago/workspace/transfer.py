@@ -1,0 +1,122 @@
+"""Moving bytes between lakeFS and the attempt directory, in parallel and streaming."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import IO, TypeVar
+
+from perago.errors import UnsafePathError, WorkspaceError
+from perago.store import ObjectInfo, VersionStore
+from perago.workspace.manifest import Manifest, ManifestEntry
+
+__all__ = ["local_path_for", "materialize", "run_parallel", "upload_all"]
+
+T = TypeVar("T")
+
+
+class _HashingWriter:
+    """A file wrapper that hashes what passes through, so downloads are read once."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+        self.md5 = hashlib.md5(usedforsecurity=False)
+        self.size = 0
+
+    def write(self, b: bytes) -> int:
+        self.md5.update(b)
+        self.size += len(b)
+        return self._f.write(b)
+
+    def seek(self, pos: int) -> int:
+        self.md5 = hashlib.md5(usedforsecurity=False)
+        self.size = 0
+        return self._f.seek(pos)
+
+    def truncate(self) -> int:
+        return self._f.truncate()
+
+
+def local_path_for(root: Path, relative: str) -> Path:
+    """Map a lakeFS relative path into ``root``, refusing anything that would leave it."""
+    parts = relative.split("/")
+    if (
+        not relative
+        or relative.startswith("/")
+        or "\x00" in relative
+        or "\\" in relative
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise UnsafePathError(
+            f"lakeFS object path {relative!r} cannot be materialized safely (empty, absolute, "
+            "'.', '..' or backslash segments); rename the object in lakeFS"
+        )
+    return root.joinpath(*parts)
+
+
+def run_parallel(items: Iterable[T], fn: Callable[[T], None], *, parallelism: int) -> None:
+    """Run ``fn`` over ``items`` on a thread pool; the first failure cancels the rest."""
+    with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="perago-xfer") as pool:
+        futures: list[Future[None]] = [pool.submit(fn, item) for item in items]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+        for f in done:
+            f.result()
+
+
+def materialize(
+    store: VersionStore,
+    repository: str,
+    ref: str,
+    prefix: str,
+    root: Path,
+    *,
+    parallelism: int,
+) -> Manifest:
+    """Download ``prefix`` at ``ref`` into ``root`` and return what was written."""
+    manifest = Manifest()
+    objects = list(store.list_objects(repository, ref, prefix))
+    targets = [(o, local_path_for(root, o.path[len(prefix) :])) for o in objects]
+
+    def fetch(item: tuple[ObjectInfo, Path]) -> None:
+        obj, dest = item
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".perago-dl-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                writer = _HashingWriter(f)
+                store.download(repository, ref, obj.path, writer)  # type: ignore[arg-type]
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        if writer.size != obj.size:
+            raise WorkspaceError(
+                f"download of {obj.path} at {ref} returned {writer.size} bytes, lakeFS lists "
+                f"{obj.size}; retry the task"
+            )
+        manifest.add(ManifestEntry(obj.path[len(prefix) :], writer.size, writer.md5.hexdigest()))
+
+    run_parallel(targets, fetch, parallelism=parallelism)
+    return manifest
+
+
+def upload_all(
+    store: VersionStore,
+    repository: str,
+    branch: str,
+    prefix: str,
+    root: Path,
+    paths: Iterable[str],
+    *,
+    parallelism: int,
+) -> None:
+    def put(rel: str) -> None:
+        store.upload(repository, branch, prefix + rel, root / rel)
+
+    run_parallel(list(paths), put, parallelism=parallelism)
