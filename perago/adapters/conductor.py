@@ -89,14 +89,12 @@ class ConductorClient:
         what: str,
     ) -> Any:
         try:
-            resp = self._client.call_api(
-                path,
+            resp = self._client.rest_client.request(
                 method,
+                self._url + path,
                 query_params=query,
-                header_params=dict(_JSON),
+                headers=dict(_JSON),
                 body=body,
-                _preload_content=False,
-                _return_http_data_only=True,
                 _request_timeout=timeout or self._timeout,
             )
         except ApiException as e:
@@ -109,7 +107,7 @@ class ConductorClient:
             raise OrchestratorError(
                 f"Conductor {what} failed: cannot reach {self._url} ({e}); is Conductor running?"
             ) from e
-        data = resp.data if hasattr(resp, "data") else resp.read()
+        data = resp.data
         if resp.status == 204 or not data:
             return None
         text = data.decode() if isinstance(data, bytes) else str(data)

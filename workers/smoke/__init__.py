@@ -1,0 +1,1 @@
+"""The smallest useful Perago task: write one greeting file and publish it."""
