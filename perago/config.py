@@ -75,6 +75,17 @@ class Settings(BaseSettings):
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("poll_interval", "shutdown_grace", "http_timeout", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        # Environment variables say durations in seconds ("0.5", "30").
+        if isinstance(value, str):
+            try:
+                return timedelta(seconds=float(value))
+            except ValueError:
+                return value
+        return value
+
     @field_validator("conductor_server_url")
     @classmethod
     def _conductor_api(cls, url: str) -> str:

@@ -1,0 +1,165 @@
+"""Driving real worker processes and workflows from tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from perago.adapters.conductor import ConductorClient
+from perago.adapters.lakefs import LakeFSStore
+from perago.store import Commit
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = "tests.integration.taskmods.tasks"
+
+
+def perago_cli(
+    args: list[str], env: dict[str, str], *, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "perago", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def register_tasks(env: dict[str, str], module: str = TASKS) -> None:
+    done = perago_cli(["register", module], env)
+    assert done.returncode == 0, done.stderr
+
+
+def simple_task(name: str, ref: str, workspace: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "taskReferenceName": ref,
+        "type": "SIMPLE",
+        "inputParameters": {"workspace": workspace, "params": params},
+    }
+
+
+def put_workflow(conductor: ConductorClient, name: str, tasks: list[dict[str, Any]]) -> None:
+    last = tasks[-1]["taskReferenceName"]
+    conductor.put_workflow_defs(
+        [
+            {
+                "name": name,
+                "version": 1,
+                "schemaVersion": 2,
+                "ownerEmail": "perago@example.com",
+                "timeoutSeconds": 600,
+                "inputParameters": ["workspace"],
+                "tasks": tasks,
+                "outputParameters": {"workspace": f"${{{last}.output.workspace}}"},
+            }
+        ]
+    )
+
+
+def wait_workflow(
+    conductor: ConductorClient, workflow_id: str, *, timeout: float = 120
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        wf = conductor.get_workflow(workflow_id)
+        if wf.get("status") in ("COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED"):
+            return wf
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"workflow {workflow_id} still {wf.get('status')} after {timeout}s"
+            )
+        time.sleep(0.3)
+
+
+def attempts(wf: dict[str, Any], ref: str) -> list[dict[str, Any]]:
+    return [t for t in wf.get("tasks", []) if t.get("referenceTaskName") == ref]
+
+
+def publications(store: LakeFSStore, repo: str, branch: str = "main") -> list[Commit]:
+    """Commits on the target's first-parent history written by a Perago publication."""
+    return [
+        c
+        for c in store.log(repo, branch, amount=100)
+        if c.metadata.get("perago.kind") in ("publication", "staged")
+    ]
+
+
+def staging_branches(store: LakeFSStore, repo: str) -> list[str]:
+    return [name for name, _ in store.list_branches(repo, prefix="perago-stg-")]
+
+
+class WorkerProcess:
+    """A real `perago worker` subprocess whose JSON log lines tests can wait for."""
+
+    def __init__(
+        self, env: dict[str, str], log_path: Path, *, module: str = TASKS, concurrency: int = 1
+    ) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "perago", "worker", module, "--concurrency", str(concurrency)],
+            cwd=ROOT,
+            env={**os.environ, "PERAGO_POLL_INTERVAL": "0.1", **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    def wait_for(self, event: str, *, timeout: float = 60, **fields: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in self.events():
+                if e.get("event") == event and all(e.get(k) == v for k, v in fields.items()):
+                    return e
+            if self.proc.poll() is not None and self.proc.returncode != 0:
+                break
+            time.sleep(0.1)
+        raise AssertionError(
+            f"no {event} {fields} in worker log:\n{self.log_path.read_text()[-4000:]}"
+        )
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, *, timeout: float = 30) -> int:
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@contextmanager
+def worker(env: dict[str, str], log_path: Path, **kwargs: Any) -> Iterator[WorkerProcess]:
+    w = WorkerProcess(env, log_path, **kwargs)
+    try:
+        yield w
+    finally:
+        w.close()

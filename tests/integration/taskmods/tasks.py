@@ -1,0 +1,88 @@
+"""Tasks the runtime tests drive; names carry PERAGO_TEST_SUFFIX so tests never share queues."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from perago import TaskError, WorkspaceSpec, info, task
+
+SUFFIX = os.environ.get("PERAGO_TEST_SUFFIX", "local")
+RESPONSE_TIMEOUT = timedelta(seconds=float(os.environ.get("PERAGO_TEST_RESPONSE_TIMEOUT", "8")))
+RETRIES = int(os.environ.get("PERAGO_TEST_RETRIES", "2"))
+
+
+class WriteParams(BaseModel):
+    files: dict[str, str] = Field(default_factory=dict)
+    delete: list[str] = Field(default_factory=list)
+    only_on_first_attempt: bool = False
+    symlink: dict[str, str] = Field(default_factory=dict)
+    fail: str | None = None  # "error", "terminal"
+    sleep: float = 0.0
+    bad_result: bool = False
+
+
+class WriteResult(BaseModel):
+    written: int = Field(ge=0)
+    retry_count: int
+
+
+@task(
+    f"pt_write_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="data/"),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+)
+def write(workspace: Path, params: WriteParams) -> WriteResult:
+    """Write, delete or link files as the params say; optionally fail."""
+    attempt = info()
+    if params.sleep:
+        time.sleep(params.sleep)
+    if params.fail == "error":
+        raise RuntimeError("the body failed on purpose")
+    if params.fail == "terminal":
+        raise TaskError("the body refused on purpose", non_retryable=True)
+    written = 0
+    if not (params.only_on_first_attempt and attempt.retry_count > 0):
+        for rel, text in params.files.items():
+            path = workspace / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            written += 1
+        for rel in params.delete:
+            (workspace / rel).unlink()
+    for rel, target in params.symlink.items():
+        (workspace / rel).symlink_to(target)
+    if params.bad_result:
+        return WriteResult.model_construct(written=-1, retry_count=attempt.retry_count)
+    return WriteResult(written=written, retry_count=attempt.retry_count)
+
+
+class ReadParams(BaseModel):
+    scribble: bool = False
+
+
+class ReadResult(BaseModel):
+    files: dict[str, str]
+
+
+@task(
+    f"pt_read_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="data/", read_only=True),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+)
+def read(workspace: Path, params: ReadParams) -> ReadResult:
+    """Return every file's text; `scribble` writes too, which a read-only task must discard."""
+    files = {
+        p.relative_to(workspace).as_posix(): p.read_text()
+        for p in sorted(workspace.rglob("*"))
+        if p.is_file()
+    }
+    if params.scribble:
+        (workspace / "scribble.txt").write_text("discarded")
+    return ReadResult(files=files)
