@@ -1,0 +1,42 @@
+"""Freezes the public façade: changing it must be a deliberate act."""
+
+import perago
+
+
+def test_public_names() -> None:
+    assert sorted(perago.__all__) == sorted(
+        [
+            "AttemptFenceError",
+            "AttemptInfo",
+            "ConfigError",
+            "FenceError",
+            "GuardrailError",
+            "Interrupt",
+            "PeragoError",
+            "PublishFenceError",
+            "RemoteWorkspace",
+            "ResultValidationError",
+            "StoreError",
+            "TaskDefinition",
+            "TaskDefinitionError",
+            "TaskError",
+            "TaskOptions",
+            "UnsafePathError",
+            "WorkerShutdown",
+            "WorkspaceError",
+            "WorkspaceSpec",
+            "info",
+            "task",
+        ]
+    )
+    for name in perago.__all__:
+        assert getattr(perago, name) is not None
+
+
+def test_errors_share_one_root_and_interrupts_escape_except_exception() -> None:
+    for name in perago.__all__:
+        obj = getattr(perago, name)
+        if isinstance(obj, type) and name.endswith("Error"):
+            assert issubclass(obj, perago.PeragoError)
+    assert not issubclass(perago.WorkerShutdown, Exception)
+    assert issubclass(perago.WorkerShutdown, perago.Interrupt)

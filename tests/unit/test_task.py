@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from perago import RemoteWorkspace, TaskDefinitionError, WorkspaceSpec, task
+
+
+class P(BaseModel):
+    n: int = 1
+
+
+class R(BaseModel):
+    ok: bool
+
+
+def test_decorated_function_keeps_its_types_and_options() -> None:
+    @task(
+        "good_task",
+        workspace=WorkspaceSpec(prefix="a/b"),
+        retry_count=5,
+        response_timeout=timedelta(seconds=30),
+    )
+    def good(workspace: Path, params: P) -> R:
+        return R(ok=params.n == 1)
+
+    assert good.params_type is P and good.result_type is R
+    assert good.workspace.prefix == "a/b/"
+    assert good(Path("."), P()) == R(ok=True)
+    d = good.conductor_task_def()
+    assert d["name"] == "good_task"
+    assert d["retryCount"] == 5 and d["responseTimeoutSeconds"] == 30
+    assert d["timeoutSeconds"] >= d["responseTimeoutSeconds"]
+
+
+@pytest.mark.parametrize(
+    "prefix", ["", "/", "/abs/", "a/../b", "./a", "a//b", "a\\b", "_perago/x", "_lakefs_actions/"]
+)
+def test_unsafe_or_reserved_prefixes_are_rejected(prefix: str) -> None:
+    with pytest.raises(TaskDefinitionError):
+        WorkspaceSpec(prefix=prefix)
+
+
+def test_wrong_signatures_are_rejected_at_decoration() -> None:
+    deco = task("t", workspace=WorkspaceSpec(prefix="x/"))
+    with pytest.raises(TaskDefinitionError, match="must be annotated Path"):
+        deco(lambda workspace, params: None)
+
+    def untyped_params(workspace: Path, params: dict) -> R:  # type: ignore[type-arg]
+        return R(ok=True)
+
+    with pytest.raises(TaskDefinitionError, match="params parameter"):
+        deco(untyped_params)
+
+    def wrong_return(workspace: Path, params: P) -> dict:  # type: ignore[type-arg]
+        return {}
+
+    with pytest.raises(TaskDefinitionError, match="return type"):
+        deco(wrong_return)
+
+    def third(workspace: Path, params: P, other: int) -> R:
+        return R(ok=True)
+
+    with pytest.raises(TaskDefinitionError, match="spark"):
+        deco(third)
+
+
+def test_in_place_tasks_must_take_a_remote_workspace() -> None:
+    spec = WorkspaceSpec(prefix="big/", in_place=True)
+
+    def local(workspace: Path, params: P) -> R:
+        return R(ok=True)
+
+    with pytest.raises(TaskDefinitionError, match="RemoteWorkspace"):
+        task("t", workspace=spec)(local)
+
+    def remote(workspace: RemoteWorkspace, params: P) -> R:
+        return R(ok=True)
+
+    assert task("t", workspace=spec)(remote).workspace.in_place
+    with pytest.raises(TaskDefinitionError, match="Path"):
+        task("t", workspace=WorkspaceSpec(prefix="x/"))(remote)
+
+
+@pytest.mark.parametrize("name", ["", "1abc", "has space", "x" * 200])
+def test_bad_task_names(name: str) -> None:
+    with pytest.raises(TaskDefinitionError):
+        task(name, workspace=WorkspaceSpec(prefix="x/"))
+
+
+def test_response_timeout_cannot_exceed_timeout() -> None:
+    with pytest.raises(TaskDefinitionError, match="must not exceed"):
+        task(
+            "t",
+            workspace=WorkspaceSpec(prefix="x/"),
+            timeout=timedelta(seconds=10),
+            response_timeout=timedelta(seconds=20),
+        )
