@@ -192,7 +192,10 @@ def run(
 
 
 def _mount_subcommands() -> None:
-    from perago.dev.cli import app as dev_app
+    try:
+        from perago.dev.cli import app as dev_app
+    except ModuleNotFoundError:  # TEMP
+        return
 
     app.add_typer(dev_app, name="dev", help="The local lakeFS + Conductor stack.")
 

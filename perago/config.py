@@ -7,6 +7,7 @@ settings are ``PERAGO_*``. Nothing reads the environment at import time.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tempfile
@@ -74,6 +75,9 @@ class Settings(BaseSettings):
     http_timeout: timedelta = timedelta(seconds=60)
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
+    #: The S3A connector for in-place tasks, resolved from Maven Central once and cached.
+    spark_s3a_package: str = "org.apache.hadoop:hadoop-aws:3.5.0"
+    spark_ivy_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "perago" / "ivy")
 
     @field_validator("poll_interval", "shutdown_grace", "http_timeout", mode="before")
     @classmethod
@@ -84,6 +88,17 @@ class Settings(BaseSettings):
                 return timedelta(seconds=float(value))
             except ValueError:
                 return value
+        return value
+
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _json_object(cls, value: object) -> object:
+        # PERAGO_SPARK_CONF='{"spark.executor.memory": "2g"}'
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"must be a JSON object of Spark settings ({e})") from e
         return value
 
     @field_validator("conductor_server_url")

@@ -30,7 +30,7 @@ from perago.errors import (
 )
 from perago.publish import AttemptIdentity, AttemptLedger, Publisher, WorkspaceTarget
 from perago.store import VersionStore
-from perago.task import TaskDefinition
+from perago.task import RemoteWorkspace, TaskDefinition
 from perago.workspace import AttemptDirectory, compute_diff, materialize
 
 __all__ = ["AttemptRunner", "Outcome", "WorkspaceInput"]
@@ -179,48 +179,97 @@ class AttemptRunner:
         params: BaseModel,
         log: structlog.stdlib.BoundLogger,
     ) -> Outcome:
-        where = "materialize"
+        step = ["start"]
         try:
-            with AttemptDirectory(self._settings.work_dir, me.task_id) as attempt_dir:
-                manifest = materialize(
-                    self._store,
-                    target.repository,
-                    target.input_ref,
-                    defn.workspace.prefix,
-                    attempt_dir.workspace,
-                    parallelism=self._settings.transfer_parallelism,
-                )
-                manifest.save(attempt_dir.manifest_path)
-                log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
-                failpoints.hit("after_materialize")
-                where = "task body"
-                result = self._call_body(defn, me, target, params, attempt_dir.workspace)
-                log.info("body_finished")
-                failpoints.hit("after_body")
-                where = "post-guardrail"
-                checked = self._post_guardrails(defn, result)
-                if defn.workspace.read_only:
-                    log.info("read_only_completed", ref=target.input_ref)
-                    return self._completed(target, target.input_ref, checked)
-                where = "diff"
-                diff = compute_diff(manifest, attempt_dir.workspace)
-                log.info("diffed", **diff.summary())
-                where = "publish"
-                ref = self._publisher.publish(
-                    me, target, defn.workspace.prefix, attempt_dir.workspace, diff, log
-                )
-                return self._completed(target, ref, checked)
+            if defn.workspace.in_place:
+                return self._run_in_place(defn, me, target, params, log, step)
+            return self._run_local(defn, me, target, params, log, step)
         except WorkerShutdown:
-            log.warning("attempt_interrupted", step=where)
+            log.warning("attempt_interrupted", step=step[0])
             return Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
         except Interrupt:
             raise
         except TaskError as e:
-            log.warning("task_error", step=where, reason=e.message, non_retryable=e.non_retryable)
-            return _failure(e, where=where)
+            log.warning("task_error", step=step[0], reason=e.message, non_retryable=e.non_retryable)
+            return _failure(e, where=step[0])
         except Exception as e:  # noqa: BLE001 - any failure of user code or I/O fails the attempt
-            log.warning("attempt_failed", step=where, error=f"{type(e).__name__}: {e}")
-            return _failure(e, where=where)
+            log.warning("attempt_failed", step=step[0], error=f"{type(e).__name__}: {e}")
+            return _failure(e, where=step[0])
+
+    def _run_local(
+        self,
+        defn: TaskDefinition[Any, Any],
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        params: BaseModel,
+        log: structlog.stdlib.BoundLogger,
+        step: list[str],
+    ) -> Outcome:
+        """Local projection: download the prefix, run, diff, stage, publish."""
+        step[0] = "materialize"
+        with AttemptDirectory(self._settings.work_dir, me.task_id) as attempt_dir:
+            manifest = materialize(
+                self._store,
+                target.repository,
+                target.input_ref,
+                defn.workspace.prefix,
+                attempt_dir.workspace,
+                parallelism=self._settings.transfer_parallelism,
+            )
+            manifest.save(attempt_dir.manifest_path)
+            log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
+            failpoints.hit("after_materialize")
+            step[0] = "task body"
+            result = self._call_body(defn, me, target, params, attempt_dir.workspace)
+            log.info("body_finished")
+            failpoints.hit("after_body")
+            step[0] = "post-guardrail"
+            checked = self._post_guardrails(defn, result)
+            if defn.workspace.read_only:
+                log.info("read_only_completed", ref=target.input_ref)
+                return self._completed(target, target.input_ref, checked)
+            step[0] = "diff"
+            diff = compute_diff(manifest, attempt_dir.workspace)
+            log.info("diffed", **diff.summary())
+            step[0] = "publish"
+            ref = self._publisher.publish(
+                me, target, defn.workspace.prefix, attempt_dir.workspace, diff, log
+            )
+            return self._completed(target, ref, checked)
+
+    def _run_in_place(
+        self,
+        defn: TaskDefinition[Any, Any],
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        params: BaseModel,
+        log: structlog.stdlib.BoundLogger,
+        step: list[str],
+    ) -> Outcome:
+        """In place: the body reads the input ref and writes the staging branch over S3."""
+        step[0] = "stage"
+        staging = self._publisher.open_in_place(me, target, log)
+        repo, prefix = target.repository, defn.workspace.prefix
+        try:
+            remote = RemoteWorkspace(
+                input_uri=f"s3a://{repo}/{target.input_ref}/{prefix}",
+                output_uri=f"s3a://{repo}/{staging}/{prefix}",
+                repository=repo,
+                input_ref=target.input_ref,
+                staging_branch=staging,
+                prefix=prefix,
+            )
+            step[0] = "task body"
+            result = self._call_body(defn, me, target, params, remote)
+            log.info("body_finished")
+            failpoints.hit("after_body")
+            step[0] = "post-guardrail"
+            checked = self._post_guardrails(defn, result)
+            step[0] = "publish"
+            ref = self._publisher.publish_in_place(me, target, log)
+            return self._completed(target, ref, checked)
+        finally:
+            self._publisher.cancel(repo, staging, log)
 
     def _call_body(
         self,

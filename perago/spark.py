@@ -13,16 +13,33 @@ import structlog
 
 from perago.config import Settings
 
-__all__ = ["SparkSessions"]
+__all__ = ["SparkSessions", "s3a_conf"]
 
 log = structlog.get_logger("perago.spark")
+
+
+def s3a_conf(settings: Settings) -> dict[str, str]:
+    """Spark settings that route ``s3a://<repo>/<ref>/<path>`` to the lakeFS S3 gateway."""
+    endpoint = settings.lakefs_endpoint
+    return {
+        "spark.jars.packages": settings.spark_s3a_package,
+        "spark.jars.ivy": str(settings.spark_ivy_dir),
+        "spark.hadoop.fs.s3a.endpoint": endpoint,
+        "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower(),
+        "spark.hadoop.fs.s3a.access.key": settings.lakefs_access_key_id,
+        "spark.hadoop.fs.s3a.secret.key": settings.lakefs_secret_access_key.get_secret_value(),
+        "spark.hadoop.fs.s3a.change.detection.mode": "none",
+    }
 
 
 class SparkSessions:
     """Lazily builds the worker's session; call :meth:`stop` on shutdown."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, s3a: bool = False) -> None:
         self._settings = settings
+        self._s3a = s3a
         self._session: Any = None
         self._lock = threading.Lock()
 
@@ -44,6 +61,13 @@ class SparkSessions:
             builder = builder.remote(master)
         else:
             builder = builder.master(master).config("spark.ui.enabled", "false")
+            if master.startswith("local"):
+                builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+                    "spark.driver.host", "127.0.0.1"
+                )
+        if self._s3a:
+            for key, value in s3a_conf(self._settings).items():
+                builder = builder.config(key, value)
         for key, value in self._settings.spark_conf.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()

@@ -209,6 +209,17 @@ class LakeFSStore:
             after = page.pagination.next_offset
 
     @_retry_idempotent
+    def has_uncommitted(self, repository: str, branch: str) -> bool:
+        page = self._call(
+            f"diff branch {repository}/{branch}",
+            self.branches.diff_branch,
+            repository,
+            branch,
+            amount=1,
+        )
+        return bool(page.results)
+
+    @_retry_idempotent
     def create_tag(self, repository: str, tag: str, ref: str) -> None:
         self._call(
             f"create tag {repository}/{tag}",

@@ -56,18 +56,50 @@ class Publisher:
         failpoints.hit("after_fence1")
         if diff.is_empty:
             return self._confirm_noop(me, target, log)
-        staged: StagedReference | None = None
         try:
             staged = self._stage(me, target, prefix, workspace, diff, log)
-            failpoints.hit("after_stage")
-            check_attempt(self._ledger, me, worker_id=self._worker_id)
-            log.info("attempt_fence_passed", fence=2)
-            failpoints.hit("after_fence2")
-            published = self._confirm(me, target, staged, log)
-            failpoints.hit("after_publish")
-            return published
+            return self._fence_and_confirm(me, target, staged, log)
         finally:
             self.cancel(target.repository, staging_branch_name(me), log)
+
+    def open_in_place(
+        self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
+    ) -> str:
+        """Create the staging branch an in-place body writes to (through the S3 gateway)."""
+        branch = self._create_staging_branch(me, target)
+        log.info("staging_branch_created", staging_branch=branch, in_place=True)
+        return branch
+
+    def publish_in_place(
+        self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
+    ) -> str:
+        """Commit what the body wrote on the staging branch, then the same fences and Confirm."""
+        try:
+            check_attempt(self._ledger, me, worker_id=self._worker_id)
+            log.info("attempt_fence_passed", fence=1)
+            failpoints.hit("after_fence1")
+            repo, branch = target.repository, staging_branch_name(me)
+            if not self._store.has_uncommitted(repo, branch):
+                return self._confirm_noop(me, target, log)
+            staged = self._commit_staging(me, target, branch, log)
+            return self._fence_and_confirm(me, target, staged, log)
+        finally:
+            self.cancel(target.repository, staging_branch_name(me), log)
+
+    def _fence_and_confirm(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        staged: StagedReference,
+        log: structlog.stdlib.BoundLogger,
+    ) -> str:
+        failpoints.hit("after_stage")
+        check_attempt(self._ledger, me, worker_id=self._worker_id)
+        log.info("attempt_fence_passed", fence=2)
+        failpoints.hit("after_fence2")
+        published = self._confirm(me, target, staged, log)
+        failpoints.hit("after_publish")
+        return published
 
     # -- Try ---------------------------------------------------------------------------------
 
@@ -80,13 +112,8 @@ class Publisher:
         diff: Diff,
         log: structlog.stdlib.BoundLogger,
     ) -> StagedReference:
-        repo, branch = target.repository, staging_branch_name(me)
-        try:
-            self._store.create_branch(repo, branch, target.input_ref)
-        except ConflictError:
-            # Only this very delivery uses this name: a leftover of an earlier try of ours.
-            self._store.delete_branch(repo, branch)
-            self._store.create_branch(repo, branch, target.input_ref)
+        repo = target.repository
+        branch = self._create_staging_branch(me, target)
         log.info("staging_branch_created", staging_branch=branch)
         upload_all(
             self._store,
@@ -99,6 +126,27 @@ class Publisher:
         )
         if diff.deleted:
             self._store.delete_objects(repo, branch, [prefix + p for p in diff.deleted])
+        return self._commit_staging(me, target, branch, log, **diff.summary())
+
+    def _create_staging_branch(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
+        repo, branch = target.repository, staging_branch_name(me)
+        try:
+            self._store.create_branch(repo, branch, target.input_ref)
+        except ConflictError:
+            # Only this very delivery uses this name: a leftover of an earlier try of ours.
+            self._store.delete_branch(repo, branch)
+            self._store.create_branch(repo, branch, target.input_ref)
+        return branch
+
+    def _commit_staging(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        branch: str,
+        log: structlog.stdlib.BoundLogger,
+        **counts: int,
+    ) -> StagedReference:
+        repo = target.repository
         commit = self._store.commit(
             repo,
             branch,
@@ -110,7 +158,7 @@ class Publisher:
                 f"staged commit {commit.id} has parents {commit.parents}, expected the input "
                 f"ref {target.input_ref}; the staging branch was changed by someone else"
             )
-        log.info("staged", staging_branch=branch, staging_commit=commit.id, **diff.summary())
+        log.info("staged", staging_branch=branch, staging_commit=commit.id, **counts)
         return StagedReference(repo, branch, commit.id)
 
     # -- Confirm -----------------------------------------------------------------------------

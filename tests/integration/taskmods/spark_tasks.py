@@ -1,0 +1,52 @@
+"""Spark task bodies for the runtime's Spark tests (local projection, in place, failing)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from perago import RemoteWorkspace, WorkspaceSpec, task
+
+SUFFIX = os.environ.get("PERAGO_TEST_SUFFIX", "local")
+OPTS: dict[str, Any] = {"retry_count": 1, "response_timeout": timedelta(seconds=20)}
+
+
+class SparkParams(BaseModel):
+    fail: bool = False
+
+
+class SparkResult(BaseModel):
+    rows: int
+
+
+def _tidy(root: Path) -> None:
+    for p in list(root.rglob("*")):
+        if p.is_file() and (p.name == "_SUCCESS" or p.name.endswith(".crc")):
+            p.unlink()
+
+
+@task(f"ps_local_{SUFFIX}", workspace=WorkspaceSpec(prefix="spark/"), **OPTS)
+def local_projection(workspace: Path, params: SparkParams, spark: Any) -> SparkResult:
+    df = spark.read.csv(str(workspace / "in"), header=True, inferSchema=True)
+    if params.fail:
+        from pyspark.sql.functions import assert_true, col
+
+        df = df.select(assert_true(col("n") < 0, "n must be negative (failing on purpose)"))
+    rows = df.count()
+    df.write.mode("overwrite").parquet(str(workspace / "out"))
+    _tidy(workspace)
+    return SparkResult(rows=rows)
+
+
+@task(f"ps_inplace_{SUFFIX}", workspace=WorkspaceSpec(prefix="spark/", in_place=True), **OPTS)
+def in_place(workspace: RemoteWorkspace, params: SparkParams, spark: Any) -> SparkResult:
+    df = spark.read.csv(workspace.input_uri + "in/", header=True, inferSchema=True)
+    rows = df.count()
+    df.write.mode("overwrite").parquet(workspace.output_uri + "out/")
+    if params.fail:
+        raise RuntimeError("in-place body failed after writing (on purpose)")
+    return SparkResult(rows=rows)
