@@ -100,7 +100,11 @@ def worker(
             overrides["concurrency"] = concurrency
         settings = config_module.load(**overrides)
         tasks = discover(modules)
-        spark = SparkSessions(settings) if any(t.wants_spark for t in tasks) else None
+        spark = (
+            SparkSessions(settings, s3a=any(t.workspace.in_place for t in tasks))
+            if any(t.wants_spark for t in tasks)
+            else None
+        )
         w = Worker(
             tasks,
             settings=settings,
