@@ -195,7 +195,37 @@ def run(
     typer.echo(json.dumps(wf.get("output", {}), indent=2))
 
 
+repo_app = typer.Typer(no_args_is_help=True, help="Prepare lakeFS repositories for Perago.")
+
+
+@repo_app.command("init")
+def repo_init(
+    repository: Annotated[str, typer.Argument(help="lakeFS repository.")],
+    branch: Annotated[str, typer.Option("--branch", help="Target branch to protect.")] = "main",
+    create: Annotated[
+        bool, typer.Option("--create", help="Create the repository if it does not exist.")
+    ] = False,
+) -> None:
+    """Install the expected-head pre-merge hook on BRANCH (idempotent)."""
+    from perago.adapters.lakefs import LakeFSStore
+    from perago.publish.expected_head_hook import install
+
+    configure_logging()
+    try:
+        store = LakeFSStore(config_module.load())
+        if create and not store.repository_exists(repository):
+            store.create_repository(repository, default_branch=branch)
+        commit = install(store, repository, branch)
+    except PeragoError as e:
+        raise _fail(e) from e
+    if commit is None:
+        typer.echo(f"{repository}/{branch}: the expected-head hook is already installed")
+    else:
+        typer.echo(f"{repository}/{branch}: installed the expected-head hook in {commit}")
+
+
 def _mount_subcommands() -> None:
+    app.add_typer(repo_app, name="repo")
     try:
         from perago.dev.cli import app as dev_app
     except ModuleNotFoundError:  # TEMP

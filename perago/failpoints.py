@@ -23,6 +23,7 @@ POINTS = (
     "after_fence1",
     "after_stage",
     "after_fence2",
+    "after_publish_fence",
     "after_publish",
     "after_complete",
 )

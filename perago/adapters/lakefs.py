@@ -53,9 +53,12 @@ _retry_idempotent = retry(
 
 
 def _translate(e: ApiException, what: str) -> StoreError:
-    status = e.status
-    body = (e.body or "")[:300] if isinstance(e.body, str) else str(e.body)[:300]
-    message = f"lakeFS {what} failed with HTTP {status}: {body or e.reason}"
+    body = e.body if isinstance(e.body, str) else str(e.body or "")
+    return _error_for(e.status, str(e.reason or ""), body, what)
+
+
+def _error_for(status: int | None, reason: str, body: str, what: str) -> StoreError:
+    message = f"lakeFS {what} failed with HTTP {status}: {body[:300] or reason}"
     if status == 404:
         return NotFoundError(message, status=status)
     if status in (409, 412):
@@ -309,7 +312,7 @@ class LakeFSStore:
     def _check(self, resp: urllib3.BaseHTTPResponse, what: str) -> None:
         if resp.status >= 300:
             body = resp.data[:300].decode(errors="replace") if resp.data else ""
-            raise _translate(ApiException(status=resp.status, reason=resp.reason, body=body), what)
+            raise _error_for(resp.status, str(resp.reason or ""), body, what)
 
     @_retry_idempotent
     def download(self, repository: str, ref: str, path: str, dest: IO[bytes]) -> None:

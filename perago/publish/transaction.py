@@ -6,6 +6,7 @@ Conductor and lakeFS say now; nothing is remembered between attempts.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import structlog
@@ -22,7 +23,10 @@ from perago.publish.identity import (
 from perago.store import VersionStore
 from perago.workspace import Diff, upload_all
 
-__all__ = ["Publisher"]
+__all__ = ["PUBLICATION_MARKER", "Publisher"]
+
+#: Rewritten by every publication; outside every task prefix (see perago.task.RESERVED_PREFIXES).
+PUBLICATION_MARKER = "_perago/publication.json"
 
 
 class Publisher:
@@ -147,6 +151,12 @@ class Publisher:
         **counts: int,
     ) -> StagedReference:
         repo = target.repository
+        # The marker makes two publications from one input ref conflict in lakeFS's atomic
+        # 3-way merge, so the store itself rejects the second (docs/protocol.md).
+        marker = json.dumps(
+            {**me.metadata(target.input_ref), "perago.kind": "publication-marker"}, sort_keys=True
+        ).encode()
+        self._store.upload_bytes(repo, branch, PUBLICATION_MARKER, marker)
         commit = self._store.commit(
             repo,
             branch,
@@ -174,6 +184,7 @@ class Publisher:
         head = self._store.get_commit(repo, self._store.branch_head(repo, target.branch))
         decision = decide_publication(head, target.input_ref, me)
         log.info("publish_fence_passed", decision=decision.value, head=head.id)
+        failpoints.hit("after_publish_fence")
         if decision is HeadDecision.LANDED:
             return head.id
         if decision is HeadDecision.REPLACE:
@@ -195,9 +206,18 @@ class Publisher:
                 target.branch,
                 message=f"perago: publish {me.task_type} ({me.reference_name}) of {me.workflow_id}",
                 metadata=me.metadata(
-                    target.input_ref, kind="publication", staged_commit=staged.staging_commit
+                    target.input_ref,
+                    kind="publication",
+                    staged_commit=staged.staging_commit,
+                    expected_head=head.id,
                 ),
             )
+        except ConflictError as e:
+            raise PublishFenceError(
+                f"lakeFS rejected the merge into {target.branch} ({e.message}): another "
+                "publication from the same input ref landed first, or the head moved after the "
+                "fence (expected-head hook). Nothing of this attempt was published"
+            ) from e
         except StoreError as e:
             landed = self.find_own_publication(repo, target.branch, me)
             if landed is None:

@@ -1,0 +1,146 @@
+"""The store itself rejects the loser: racing publications and writers between fence and merge."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from perago.adapters.conductor import ConductorClient
+from perago.adapters.lakefs import LakeFSStore
+from perago.publish.expected_head_hook import install
+
+from .harness import (
+    attempts,
+    publications,
+    put_workflow,
+    register_tasks,
+    simple_task,
+    staging_branches,
+    wait_workflow,
+    worker,
+)
+
+pytestmark = pytest.mark.integration
+ROUNDS = int(os.environ.get("PERAGO_RACE_ROUNDS", "3"))
+
+
+@pytest.fixture
+def env(stack_env: dict[str, str], unique: str, tmp_path: Path) -> dict[str, str]:
+    e = {
+        **stack_env,
+        "PERAGO_TEST_SUFFIX": unique,
+        "PERAGO_WORK_DIR": str(tmp_path / "work"),
+        "PERAGO_TEST_RETRIES": "0",
+    }
+    register_tasks(e)
+    return e
+
+
+def test_two_publications_from_one_input_ref_exactly_one_lands(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Both attempts pass the publish fence on the same head; lakeFS's merge rejects one."""
+    name = f"pt_wf_race_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        [
+            simple_task(
+                f"pt_write_{unique}",
+                "step",
+                "${workflow.input.workspace}",
+                {"files": "${workflow.input.files}"},
+            )
+        ],
+    )
+    # both workers pause after the publish fence, so both saw head == input ref
+    racing = {**env, "PERAGO_FAILPOINTS": "after_publish_fence=pause:1.5"}
+    outcomes = []
+    with worker(racing, tmp_path / "a.log"), worker(racing, tmp_path / "b.log"):
+        for round_ in range(ROUNDS):
+            input_ref = store.branch_head(repo, "main")
+            ids = [
+                conductor.start_workflow(
+                    name,
+                    {
+                        "workspace": {"repository": repo, "branch": "main", "ref": input_ref},
+                        "files": {f"r{round_}-{i}.txt": "x"},
+                    },
+                )
+                for i in range(2)
+            ]
+            wfs = [wait_workflow(conductor, i, timeout=60) for i in ids]
+            statuses = sorted(w["status"] for w in wfs)
+            outcomes.append(statuses)
+            assert statuses == ["COMPLETED", "FAILED"], f"round {round_}: {statuses}"
+            loser = next(w for w in wfs if w["status"] == "FAILED")
+            assert (
+                "lakeFS rejected the merge" in attempts(loser, "step")[0]["reasonForIncompletion"]
+            )
+            winner = next(w for w in wfs if w["status"] == "COMPLETED")
+            head = store.get_commit(repo, store.branch_head(repo, "main"))
+            assert head.id == winner["output"]["workspace"]["ref"]
+            assert head.parents[0] == input_ref  # exactly one publication on the input ref
+    assert len(publications(store, repo)) == ROUNDS
+    assert staging_branches(store, repo) == []
+
+
+@pytest.mark.parametrize("hook", [True, False], ids=["expected-head-hook", "post-publish-check"])
+def test_foreign_commit_between_fence_and_merge(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+    hook: bool,
+) -> None:
+    if hook:
+        assert install(store, repo, "main") is not None
+        assert install(store, repo, "main") is None  # idempotent
+    name = f"pt_wf_foreign_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        [
+            simple_task(
+                f"pt_write_{unique}",
+                "step",
+                "${workflow.input.workspace}",
+                {"files": {"p.txt": "perago"}},
+            )
+        ],
+    )
+    input_ref = store.branch_head(repo, "main")
+    wid = conductor.start_workflow(
+        name, {"workspace": {"repository": repo, "branch": "main", "ref": input_ref}}
+    )
+    with worker(
+        {**env, "PERAGO_FAILPOINTS": "after_publish_fence=pause:3"}, tmp_path / "w.log"
+    ) as w:
+        w.wait_for("failpoint_hit", failpoint="after_publish_fence")
+        f = tmp_path / "foreign.txt"
+        f.write_text("someone else")
+        store.upload(repo, "main", "elsewhere/foreign.txt", f)
+        foreign = store.commit(repo, "main", message="foreign writer", metadata={})
+        wf = wait_workflow(conductor, wid)
+    reason = attempts(wf, "step")[0]["reasonForIncompletion"]
+    assert wf["status"] == "FAILED"
+    if hook:
+        assert "lakeFS rejected the merge" in reason and "412" in reason
+        assert store.branch_head(repo, "main") == foreign.id  # nothing published
+        assert publications(store, repo) == []
+    else:
+        # without the hook lakeFS merges on top of the foreign commit; Perago notices and
+        # fails closed, loudly, instead of reporting success
+        assert "foreign writer" in reason
+        head = store.get_commit(repo, store.branch_head(repo, "main"))
+        assert head.parents[0] == foreign.id
+    assert staging_branches(store, repo) == []
