@@ -84,6 +84,16 @@ class SparkSessions:
         except Exception:  # noqa: BLE001 - a dead JVM gateway fails in many ways
             return False
 
+    def cancel_all_jobs(self) -> None:
+        """Cancel running Spark jobs so blocked task bodies return (used at drain's end)."""
+        session = self._session
+        if session is None:
+            return
+        try:
+            session.sparkContext.cancelAllJobs()
+        except Exception as e:  # noqa: BLE001 - best effort during shutdown
+            log.warning("spark_cancel_failed", error=str(e))
+
     def stop(self) -> None:
         with self._lock:
             self._stop_locked()

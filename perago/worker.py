@@ -60,6 +60,7 @@ class Worker:
         self._tasks = {t.name: t for t in tasks}
         self._settings = settings
         self._conductor = conductor
+        self._spark = spark
         self._runner = AttemptRunner(store, conductor, settings, spark=spark)
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.Condition()
@@ -229,6 +230,11 @@ class Worker:
                     break
                 self._lock.wait(timeout=min(left, 0.5))
             remaining = list(self._inflight.values())
+        if remaining and self._spark is not None:
+            # A Spark job blocks in the JVM where no Python exception can reach it.
+            cancel = getattr(self._spark, "cancel_all_jobs", None)
+            if cancel is not None:
+                cancel()
         for item in remaining:
             log.warning("interrupting_attempt", task_id=item.snapshot.task_id)
             _raise_in_thread(item.ident, WorkerShutdown)

@@ -483,3 +483,67 @@ def test_register_rejects_a_workflow_with_an_unknown_task(
     assert done.returncode == 1
     assert f"uses task 'nope_{unique}'" in done.stderr
     time.sleep(0)
+
+
+def test_lease_extension_keeps_a_long_body_alive(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """The body outlives the 6 s response timeout; lease extension keeps it the only attempt."""
+    name = _one_step(conductor, unique, {"files": {"slow.txt": "s"}, "sleep": 14})
+    with worker(env, tmp_path / "w.log"):
+        wf = wait_workflow(conductor, _start(conductor, name, repo))
+    assert wf["status"] == "COMPLETED"
+    assert [t["status"] for t in attempts(wf, "step")] == ["COMPLETED"]
+    assert len(publications(store, repo)) == 1
+
+
+def test_sigterm_lets_the_in_flight_attempt_finish_and_publish_once(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    name = _one_step(conductor, unique, {"files": {"drain.txt": "d"}, "sleep": 3})
+    wid = _start(conductor, name, repo)
+    with worker({**env, "PERAGO_SHUTDOWN_GRACE": "30"}, tmp_path / "w.log") as w:
+        w.wait_for("pre_guardrails_passed")
+        assert w.stop(timeout=60) == 0
+        assert not [e for e in w.events() if e.get("event") == "interrupting_attempt"]
+    wf = wait_workflow(conductor, wid)
+    assert wf["status"] == "COMPLETED"
+    assert [t["status"] for t in attempts(wf, "step")] == ["COMPLETED"]
+    assert len(publications(store, repo)) == 1
+
+
+def test_an_attempt_outliving_the_grace_is_failed_and_retried_elsewhere(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    name = _one_step(
+        conductor, unique, {"files": {"late.txt": "l"}, "sleep": 20, "only_on_first_attempt": False}
+    )
+    wid = _start(conductor, name, repo)
+    with worker({**env, "PERAGO_SHUTDOWN_GRACE": "1"}, tmp_path / "w1.log") as w:
+        w.wait_for("pre_guardrails_passed")
+        assert w.stop(timeout=60) == 0
+        w.wait_for("interrupting_attempt")
+        failed = w.wait_for("attempt_finished")
+    assert failed["status"] == "FAILED" and "worker shutdown" in failed["reason"]
+    assert publications(store, repo) == []
+    with worker(env, tmp_path / "w2.log"):
+        wf = wait_workflow(conductor, wid, timeout=120)
+    steps = attempts(wf, "step")
+    assert [t["status"] for t in steps] == ["FAILED", "COMPLETED"]
+    assert "worker shutdown" in steps[0]["reasonForIncompletion"]
+    assert len(publications(store, repo)) == 1

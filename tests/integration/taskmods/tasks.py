@@ -40,8 +40,9 @@ class WriteResult(BaseModel):
 def write(workspace: Path, params: WriteParams) -> WriteResult:
     """Write, delete or link files as the params say; optionally fail."""
     attempt = info()
-    if params.sleep:
-        time.sleep(params.sleep)
+    deadline = time.monotonic() + params.sleep
+    while time.monotonic() < deadline:  # Python-level work: interruptible at shutdown
+        time.sleep(0.05)
     if params.fail == "error":
         raise RuntimeError("the body failed on purpose")
     if params.fail == "terminal":
