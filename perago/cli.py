@@ -195,6 +195,40 @@ def run(
     typer.echo(json.dumps(wf.get("output", {}), indent=2))
 
 
+@app.command()
+def janitor(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report, remove nothing.")] = False,
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Only attempts over for this long (90s, 10m, 2h).")
+    ] = "0s",
+    repository: Annotated[
+        list[str] | None, typer.Option("--repository", help="Only these repositories.")
+    ] = None,
+) -> None:
+    """Remove staging branches of attempts that are over or unknown to Conductor."""
+    from perago.adapters.conductor import ConductorClient
+    from perago.adapters.lakefs import LakeFSStore
+    from perago.janitor import parse_duration, sweep
+
+    configure_logging()
+    try:
+        settings = config_module.load()
+        store = LakeFSStore(settings)
+        report = sweep(
+            store,
+            ConductorClient(settings),
+            repositories=repository or store.list_repositories(),
+            dry_run=dry_run,
+            older_than=parse_duration(older_than),
+        )
+    except PeragoError as e:
+        raise _fail(e) from e
+    verb = "would remove" if dry_run else "removed"
+    for repo, branch, reason in report.removed:
+        typer.echo(f"{verb} {repo}/{branch}: {reason}")
+    typer.echo(f"{verb} {len(report.removed)} staging branch(es); kept {len(report.kept)}")
+
+
 repo_app = typer.Typer(no_args_is_help=True, help="Prepare lakeFS repositories for Perago.")
 
 

@@ -73,6 +73,7 @@ class Settings(BaseSettings):
     shutdown_grace: timedelta = timedelta(seconds=30)
     transfer_parallelism: int = Field(default=8, ge=1, le=128)
     http_timeout: timedelta = timedelta(seconds=60)
+    janitor_on_start: bool = True
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
     #: The S3A connector for in-place tasks, resolved from Maven Central once and cached.

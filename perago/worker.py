@@ -61,6 +61,7 @@ class Worker:
         self._settings = settings
         self._conductor = conductor
         self._spark = spark
+        self._store = store
         self._runner = AttemptRunner(store, conductor, settings, spark=spark)
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.Condition()
@@ -100,11 +101,24 @@ class Worker:
             tasks=sorted(self._tasks),
             concurrency=self._settings.concurrency,
         )
+        if self._settings.janitor_on_start:
+            threading.Thread(target=self._janitor_pass, daemon=True, name="perago-janitor").start()
         try:
             self._poll_loop()
         finally:
             self._drain()
         log.info("worker_stopped", worker_id=self._settings.worker_id)
+
+    def _janitor_pass(self) -> None:
+        from perago.janitor import sweep
+
+        try:
+            report = sweep(
+                self._store, self._conductor, repositories=self._store.list_repositories()
+            )
+            log.info("janitor_pass_done", removed=len(report.removed), kept=len(report.kept))
+        except PeragoError as e:
+            log.warning("janitor_pass_failed", error=e.message)
 
     # -- polling -----------------------------------------------------------------------------
 

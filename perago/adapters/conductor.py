@@ -53,6 +53,7 @@ class TaskSnapshot:
     worker_id: str
     response_timeout_seconds: int
     input: dict[str, Any]
+    update_time_ms: int = 0
 
     @classmethod
     def from_json(cls, t: dict[str, Any]) -> TaskSnapshot:
@@ -67,6 +68,7 @@ class TaskSnapshot:
             worker_id=str(t.get("workerId") or ""),
             response_timeout_seconds=int(t.get("responseTimeoutSeconds") or 0),
             input=dict(t.get("inputData") or {}),
+            update_time_ms=int(t.get("updateTime") or t.get("endTime") or 0),
         )
 
 

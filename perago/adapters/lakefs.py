@@ -143,6 +143,19 @@ class LakeFSStore:
         self._call(f"delete repository {name!r}", self.repos.delete_repository, name)
 
     @_retry_idempotent
+    def list_repositories(self) -> list[str]:
+        names: list[str] = []
+        after = ""
+        while True:
+            page = self._call(
+                "list repositories", self.repos.list_repositories, after=after or None, amount=1000
+            )
+            names.extend(r.id for r in page.results)
+            if not page.pagination.has_more:
+                return names
+            after = page.pagination.next_offset
+
+    @_retry_idempotent
     def repository_exists(self, repository: str) -> bool:
         try:
             self._call(f"get repository {repository!r}", self.repos.get_repository, repository)

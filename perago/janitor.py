@@ -1,0 +1,95 @@
+"""Remove what killed workers leave behind: staging branches of attempts that cannot be live.
+
+A staging branch is named after its attempt (``perago-stg-<task id>-p<poll count>``), so
+Conductor says whether the attempt is over. A branch whose task is still IN_PROGRESS with the
+same poll count belongs to a live attempt and is never touched.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import structlog
+
+from perago.adapters.conductor import TaskSnapshot
+from perago.errors import ConfigError
+from perago.publish.fences import AttemptLedger
+from perago.store import VersionStore
+
+__all__ = ["JanitorReport", "parse_duration", "sweep"]
+
+log = structlog.get_logger("perago.janitor")
+_STAGING = re.compile(r"^perago-stg-(?P<task>.+)-p(?P<poll>\d+)$")
+_TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "FAILED_WITH_TERMINAL_ERROR",
+    "TIMED_OUT",
+    "CANCELED",
+    "SKIPPED",
+    "COMPLETED_WITH_ERRORS",
+}
+_DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd]?)$")
+
+
+def parse_duration(text: str) -> timedelta:
+    """'90s', '10m', '2h', '1d' (a bare number is seconds)."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise ConfigError(f"duration {text!r} is not like 90s, 10m, 2h or 1d")
+    scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m["unit"]]
+    return timedelta(seconds=float(m["n"]) * scale)
+
+
+@dataclass
+class JanitorReport:
+    removed: list[tuple[str, str, str]] = field(default_factory=list)
+    kept: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def _verdict(task: TaskSnapshot | None, poll: int, older_than: timedelta, now: float) -> str | None:
+    """Why the branch may go, or None if it must stay."""
+    if task is None:
+        return "attempt unknown to Conductor"
+    age = now - task.update_time_ms / 1000 if task.update_time_ms else float("inf")
+    if task.status in _TERMINAL:
+        return f"attempt {task.status}" if age >= older_than.total_seconds() else None
+    if task.poll_count != poll and age >= older_than.total_seconds():
+        return f"superseded delivery (task now at poll {task.poll_count})"
+    return None
+
+
+def sweep(
+    store: VersionStore,
+    ledger: AttemptLedger,
+    *,
+    repositories: Iterable[str],
+    dry_run: bool = False,
+    older_than: timedelta = timedelta(0),
+    clock: Callable[[], float] = time.time,
+) -> JanitorReport:
+    report = JanitorReport()
+    for repo in repositories:
+        for branch, _ in store.list_branches(repo, prefix="perago-stg-"):
+            m = _STAGING.match(branch)
+            if not m:
+                continue
+            reason = _verdict(ledger.get_task(m["task"]), int(m["poll"]), older_than, clock())
+            if reason is None:
+                report.kept.append((repo, branch, "live or too recent"))
+                continue
+            if not dry_run:
+                store.delete_branch(repo, branch)
+            report.removed.append((repo, branch, reason))
+            log.info(
+                "janitor_removed",
+                repository=repo,
+                staging_branch=branch,
+                reason=reason,
+                dry_run=dry_run,
+            )
+    return report

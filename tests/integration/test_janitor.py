@@ -1,0 +1,115 @@
+"""A killed worker leaves a staging branch; the janitor removes it and never a live one."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from perago.adapters.conductor import ConductorClient
+from perago.adapters.lakefs import LakeFSStore
+
+from .harness import (
+    perago_cli,
+    put_workflow,
+    register_tasks,
+    simple_task,
+    staging_branches,
+    wait_workflow,
+    worker,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def env(stack_env: dict[str, str], unique: str, tmp_path: Path) -> dict[str, str]:
+    e = {
+        **stack_env,
+        "PERAGO_TEST_SUFFIX": unique,
+        "PERAGO_WORK_DIR": str(tmp_path / "work"),
+        "PERAGO_TEST_RESPONSE_TIMEOUT": "5",
+    }
+    register_tasks(e)
+    return e
+
+
+def test_orphan_staging_branch_removed_live_one_kept(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    name = f"pt_wf_jan_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        [
+            simple_task(
+                f"pt_write_{unique}",
+                "step",
+                "${workflow.input.workspace}",
+                {"files": {"j.txt": "j"}},
+            )
+        ],
+    )
+    wid = conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}})
+    quiet = {**env, "PERAGO_JANITOR_ON_START": "false"}
+    with worker({**quiet, "PERAGO_FAILPOINTS": "after_stage=kill"}, tmp_path / "killed.log") as w:
+        assert w.proc.wait(timeout=60) == -signal.SIGKILL
+    [orphan] = staging_branches(store, repo)
+
+    # the retry pauses right after staging: its branch belongs to a live attempt
+    with worker(
+        {**quiet, "PERAGO_FAILPOINTS": "after_stage=pause:8"}, tmp_path / "live.log"
+    ) as live:
+        live.wait_for("failpoint_hit", failpoint="after_stage", timeout=60)
+        assert len(staging_branches(store, repo)) == 2
+        live_branch = next(b for b in staging_branches(store, repo) if b != orphan)
+        dry = perago_cli(["janitor", "--dry-run", "--repository", repo], env)
+        assert dry.returncode == 0, dry.stderr
+        assert f"would remove {repo}/{orphan}" in dry.stdout and live_branch not in dry.stdout
+        assert orphan in staging_branches(store, repo)
+        done = perago_cli(["janitor", "--repository", repo], env)
+        assert done.returncode == 0, done.stderr
+        assert staging_branches(store, repo) == [live_branch]
+        wf = wait_workflow(conductor, wid, timeout=60)
+    assert wf["status"] == "COMPLETED"
+    assert staging_branches(store, repo) == []
+
+
+def test_worker_start_runs_a_janitor_pass(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    name = f"pt_wf_jan2_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        [
+            simple_task(
+                f"pt_write_{unique}",
+                "step",
+                "${workflow.input.workspace}",
+                {"files": {"k.txt": "k"}},
+            )
+        ],
+    )
+    wid = conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}})
+    with worker(
+        {**env, "PERAGO_JANITOR_ON_START": "false", "PERAGO_FAILPOINTS": "after_stage=kill"},
+        tmp_path / "k.log",
+    ) as w:
+        assert w.proc.wait(timeout=60) == -signal.SIGKILL
+    assert len(staging_branches(store, repo)) == 1
+    conductor.terminate_workflow(wid, "test over")  # the attempt is now terminal
+    with worker(env, tmp_path / "fresh.log") as fresh:
+        fresh.wait_for("janitor_removed", repository=repo, timeout=60)
+    assert staging_branches(store, repo) == []
