@@ -85,6 +85,10 @@ def worker(
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", min=1, help="Attempts run at once.")
     ] = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option("--http-port", min=0, help="Serve /healthz, /readyz and /metrics here."),
+    ] = None,
 ) -> None:
     """Run a worker for every @task in MODULES until SIGTERM (drains gracefully)."""
     from perago.adapters.conductor import ConductorClient
@@ -111,6 +115,7 @@ def worker(
             store=LakeFSStore(settings),
             conductor=ConductorClient(settings),
             spark=spark,
+            http_port=http_port,
         )
         try:
             w.run()

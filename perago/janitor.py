@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import structlog
 
+from perago import metrics
 from perago.adapters.conductor import TaskSnapshot
 from perago.errors import ConfigError
 from perago.publish.fences import AttemptLedger
@@ -84,6 +85,7 @@ def sweep(
                 continue
             if not dry_run:
                 store.delete_branch(repo, branch)
+                metrics.JANITOR_REMOVALS.inc()
             report.removed.append((repo, branch, reason))
             log.info(
                 "janitor_removed",

@@ -15,15 +15,17 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from perago import failpoints
+from perago import failpoints, metrics
 from perago.adapters.conductor import TaskSnapshot
 from perago.config import Settings
 from perago.context import AttemptInfo, _current
 from perago.errors import (
+    AttemptFenceError,
     GuardrailError,
     Interrupt,
     NotFoundError,
     PeragoError,
+    PublishFenceError,
     ResultValidationError,
     TaskError,
     WorkerShutdown,
@@ -193,6 +195,10 @@ class AttemptRunner:
             log.warning("task_error", step=step[0], reason=e.message, non_retryable=e.non_retryable)
             return _failure(e, where=step[0])
         except Exception as e:  # noqa: BLE001 - any failure of user code or I/O fails the attempt
+            if isinstance(e, AttemptFenceError):
+                metrics.FENCE_REJECTIONS.labels("attempt").inc()
+            elif isinstance(e, PublishFenceError):
+                metrics.FENCE_REJECTIONS.labels("publish").inc()
             log.warning("attempt_failed", step=step[0], error=f"{type(e).__name__}: {e}")
             return _failure(e, where=step[0])
 
@@ -218,6 +224,8 @@ class AttemptRunner:
             )
             manifest.save(attempt_dir.manifest_path)
             log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
+            metrics.FILES.labels("download").inc(len(manifest.entries))
+            metrics.BYTES.labels("download").inc(manifest.total_bytes)
             failpoints.hit("after_materialize")
             step[0] = "task body"
             result = self._call_body(defn, me, target, params, attempt_dir.workspace)

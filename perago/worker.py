@@ -17,10 +17,11 @@ from typing import Any
 
 import structlog
 
-from perago import failpoints
+from perago import failpoints, metrics
 from perago.adapters.conductor import ConductorClient, TaskSnapshot
 from perago.config import Settings
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
+from perago.health import HealthServer
 from perago.runtime import AttemptRunner, Outcome
 from perago.store import VersionStore
 from perago.task import TaskDefinition
@@ -50,6 +51,7 @@ class Worker:
         store: VersionStore,
         conductor: ConductorClient,
         spark: Any = None,
+        http_port: int | None = None,
     ) -> None:
         if not tasks:
             raise ConfigError("a worker needs at least one task: pass modules that define @task")
@@ -67,6 +69,8 @@ class Worker:
         self._lock = threading.Condition()
         self._draining = threading.Event()
         self._force = threading.Event()
+        self._http_port = http_port
+        self._last_loop = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -101,13 +105,35 @@ class Worker:
             tasks=sorted(self._tasks),
             concurrency=self._settings.concurrency,
         )
+        http = self._start_http()
         if self._settings.janitor_on_start:
             threading.Thread(target=self._janitor_pass, daemon=True, name="perago-janitor").start()
         try:
             self._poll_loop()
         finally:
             self._drain()
+            if http is not None:
+                http.stop()
         log.info("worker_stopped", worker_id=self._settings.worker_id)
+
+    def alive(self) -> bool:
+        """Liveness: the poll loop went round recently (or the worker is draining)."""
+        return self._draining.is_set() or time.monotonic() - self._last_loop < 60
+
+    def _start_http(self) -> HealthServer | None:
+        if self._http_port is None:
+            return None
+        server = HealthServer(
+            self._http_port,
+            alive=self.alive,
+            draining=self._draining.is_set,
+            dependencies={
+                "conductor": self._settings.conductor_server_url.removesuffix("/api") + "/health",
+                "lakefs": self._settings.lakefs_api_url + "/healthcheck",
+            },
+        )
+        server.start()
+        return server
 
     def _janitor_pass(self) -> None:
         from perago.janitor import sweep
@@ -126,6 +152,7 @@ class Worker:
         idle = self._settings.poll_interval.total_seconds()
         failures = 0
         while not self._draining.is_set():
+            self._last_loop = time.monotonic()
             with self._lock:
                 free = self._settings.concurrency - len(self._inflight)
                 if free <= 0:
@@ -169,6 +196,7 @@ class Worker:
     def _attempt(self, snapshot: TaskSnapshot) -> None:
         with self._lock:
             self._inflight[snapshot.task_id].ident = threading.get_ident()
+        metrics.IN_FLIGHT.inc()
         stop_lease = threading.Event()
         lease = threading.Thread(
             target=self._extend_lease,
@@ -183,12 +211,14 @@ class Worker:
             except WorkerShutdown:
                 outcome = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
             stop_lease.set()
+            metrics.ATTEMPTS.labels(snapshot.task_type, outcome.status).inc()
             self._report(snapshot, outcome)
             failpoints.hit("after_complete")
         except Interrupt:
             pass
         finally:
             stop_lease.set()
+            metrics.IN_FLIGHT.dec()
             with self._lock:
                 self._inflight.pop(snapshot.task_id, None)
                 self._lock.notify_all()
@@ -203,8 +233,10 @@ class Worker:
                 self._conductor.extend_lease(
                     snapshot.task_id, snapshot.workflow_id, self._settings.worker_id
                 )
+                metrics.LEASE_EXTENSIONS.labels("ok").inc()
                 log.debug("lease_extended", task_id=snapshot.task_id)
             except PeragoError as e:
+                metrics.LEASE_EXTENSIONS.labels("failed").inc()
                 log.warning("lease_extension_failed", task_id=snapshot.task_id, error=e.message)
 
     def _report(self, snapshot: TaskSnapshot, outcome: Outcome) -> None:

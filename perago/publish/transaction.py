@@ -7,11 +7,12 @@ Conductor and lakeFS say now; nothing is remembered between attempts.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import structlog
 
-from perago import failpoints
+from perago import failpoints, metrics
 from perago.errors import ConflictError, PublishFenceError, StoreError
 from perago.publish.fences import AttemptLedger, HeadDecision, check_attempt, decide_publication
 from perago.publish.identity import (
@@ -101,7 +102,9 @@ class Publisher:
         check_attempt(self._ledger, me, worker_id=self._worker_id)
         log.info("attempt_fence_passed", fence=2)
         failpoints.hit("after_fence2")
+        started = time.monotonic()
         published = self._confirm(me, target, staged, log)
+        metrics.PUBLISH_SECONDS.labels("publish").observe(time.monotonic() - started)
         failpoints.hit("after_publish")
         return published
 
@@ -117,6 +120,7 @@ class Publisher:
         log: structlog.stdlib.BoundLogger,
     ) -> StagedReference:
         repo = target.repository
+        started = time.monotonic()
         branch = self._create_staging_branch(me, target)
         log.info("staging_branch_created", staging_branch=branch)
         upload_all(
@@ -130,7 +134,13 @@ class Publisher:
         )
         if diff.deleted:
             self._store.delete_objects(repo, branch, [prefix + p for p in diff.deleted])
-        return self._commit_staging(me, target, branch, log, **diff.summary())
+        staged = self._commit_staging(me, target, branch, log, **diff.summary())
+        metrics.STAGE_SECONDS.observe(time.monotonic() - started)
+        metrics.FILES.labels("upload").inc(len(diff.uploads))
+        metrics.BYTES.labels("upload").inc(
+            sum((workspace / p).stat().st_size for p in diff.uploads)
+        )
+        return staged
 
     def _create_staging_branch(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
         repo, branch = target.repository, staging_branch_name(me)

@@ -102,12 +102,27 @@ class WorkerProcess:
     """A real `perago worker` subprocess whose JSON log lines tests can wait for."""
 
     def __init__(
-        self, env: dict[str, str], log_path: Path, *, module: str = TASKS, concurrency: int = 1
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        *,
+        module: str = TASKS,
+        concurrency: int = 1,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "perago", "worker", module, "--concurrency", str(concurrency)],
+            [
+                sys.executable,
+                "-m",
+                "perago",
+                "worker",
+                module,
+                "--concurrency",
+                str(concurrency),
+                *(extra_args or []),
+            ],
             cwd=ROOT,
             env={**os.environ, "PERAGO_POLL_INTERVAL": "0.1", **env},
             stdout=self._log,

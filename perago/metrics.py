@@ -1,0 +1,44 @@
+"""Prometheus metrics of a worker. Labels are bounded: task names and outcomes, never ids."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "ATTEMPTS",
+    "BYTES",
+    "FENCE_REJECTIONS",
+    "FILES",
+    "IN_FLIGHT",
+    "JANITOR_REMOVALS",
+    "LEASE_EXTENSIONS",
+    "PUBLISH_SECONDS",
+    "STAGE_SECONDS",
+]
+
+_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+ATTEMPTS = Counter(
+    "perago_attempts_total", "Attempts finished, by task and reported status.", ["task", "status"]
+)
+FENCE_REJECTIONS = Counter(
+    "perago_fence_rejections_total", "Attempts stopped by a fence.", ["kind"]
+)
+PUBLISH_SECONDS = Histogram(
+    "perago_publish_seconds",
+    "Confirm duration (fence to published head).",
+    ["mode"],
+    buckets=_BUCKETS,
+)
+STAGE_SECONDS = Histogram(
+    "perago_stage_seconds", "Try duration (staging branch to staged commit).", buckets=_BUCKETS
+)
+BYTES = Counter("perago_bytes_total", "Bytes moved between lakeFS and workspaces.", ["direction"])
+FILES = Counter("perago_files_total", "Files moved between lakeFS and workspaces.", ["direction"])
+LEASE_EXTENSIONS = Counter(
+    "perago_lease_extensions_total", "Conductor lease extensions sent.", ["result"]
+)
+IN_FLIGHT = Gauge("perago_attempts_in_flight", "Attempts running in this worker.")
+JANITOR_REMOVALS = Counter(
+    "perago_janitor_removals_total", "Staging branches removed by the janitor."
+)
