@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install stack-build demo test lint typecheck unit integration bench soak clean-stack down
+.PHONY: install stack-build demo test lint typecheck unit integration bench soak model-check down
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "Python 3.11 is required ($(PY) not found)"; exit 1; }
@@ -44,8 +44,14 @@ test: install lint typecheck
 bench: install
 	$(BIN)/python -m benchmarks.run
 
+## soak: long race and crash loops and the 100k-file workspace (figures in docs/)
 soak: install
-	PERAGO_SOAK=1 $(BIN)/pytest -q -ra tests/soak
+	PERAGO_RACE_ROUNDS=30 PERAGO_MANY_FILES=100000 $(BIN)/pytest -q -ra --durations=0 \
+		tests/integration/test_exclusion.py tests/integration/test_bad_input.py \
+		tests/integration/test_crash_suite.py
+
+model-check: $(STAMP)
+	$(BIN)/python -m model
 
 down:
 	$(BIN)/perago dev down

@@ -24,6 +24,8 @@ class WriteParams(BaseModel):
     fail: str | None = None  # "error", "terminal"
     sleep: float = 0.0
     bad_result: bool = False
+    bad_name: bool = False
+    many: int = 0
 
 
 class WriteResult(BaseModel):
@@ -56,6 +58,14 @@ def write(workspace: Path, params: WriteParams) -> WriteResult:
             written += 1
         for rel in params.delete:
             (workspace / rel).unlink()
+    if params.bad_name:
+        (workspace / os.fsdecode(b"latin1-\xe9t\xe9.txt")).write_text("not utf-8 named")
+    if params.many:
+        for i in range(params.many):
+            sub = workspace / "many" / f"{i // 1000:03d}"
+            sub.mkdir(parents=True, exist_ok=True)
+            (sub / f"f{i:06d}.txt").write_text(str(i))
+        written += params.many
     for rel, target in params.symlink.items():
         (workspace / rel).symlink_to(target)
     if params.bad_result:
