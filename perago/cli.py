@@ -141,6 +141,33 @@ def _parse_input(raw: str | None) -> dict[str, Any]:
     return value
 
 
+def _wait_for_workflow(
+    conductor: Any, workflow: str, workflow_id: str, timeout: float
+) -> dict[str, Any]:
+    """Poll until the workflow ends; a spinner with the finished steps when on a terminal."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    deadline = time.monotonic() + timeout
+    with console.status(f"{workflow} {workflow_id}: starting") as spinner:
+        while True:
+            wf: dict[str, Any] = conductor.get_workflow(workflow_id)
+            status = wf.get("status", "")
+            if status in _TERMINAL:
+                return wf
+            if time.monotonic() > deadline:
+                raise WorkflowRunError(
+                    f"workflow {workflow} ({workflow_id}) is still {status} after {timeout:.0f}s; "
+                    "is a worker running for its tasks? (perago worker MODULE...)"
+                )
+            if console.is_terminal:
+                tasks = [
+                    f"{t.get('referenceTaskName')}:{t.get('status')}" for t in wf.get("tasks", [])
+                ]
+                spinner.update(f"{workflow} {workflow_id}: {' '.join(tasks) or status}")
+            time.sleep(0.5)
+
+
 def _failed_task(wf: dict[str, Any]) -> str:
     for t in reversed(wf.get("tasks") or []):
         if t.get("status") not in ("COMPLETED", "IN_PROGRESS", "SCHEDULED"):
@@ -175,18 +202,8 @@ def run(
         if not wait:
             typer.echo(workflow_id)
             return
-        deadline = time.monotonic() + timeout
-        while True:
-            wf = conductor.get_workflow(workflow_id)
-            status = wf.get("status", "")
-            if status in _TERMINAL:
-                break
-            if time.monotonic() > deadline:
-                raise WorkflowRunError(
-                    f"workflow {workflow} ({workflow_id}) is still {status} after {timeout:.0f}s; "
-                    "is a worker running for its tasks? (perago worker MODULE...)"
-                )
-            time.sleep(0.5)
+        wf = _wait_for_workflow(conductor, workflow, workflow_id, timeout)
+        status = str(wf.get("status", ""))
     except PeragoError as e:
         raise _fail(e) from e
     if status != "COMPLETED":
