@@ -109,7 +109,7 @@ class AttemptRunner:
         )
         started = time.monotonic()
         try:
-            target, params = self._pre_guardrails(defn, task.input)
+            target, params = self._pre_guardrails(defn, task.input, me)
         except GuardrailError as e:
             log.warning("pre_guardrails_failed", reason=e.message)
             return _failure(e, where="pre-guardrail")
@@ -131,7 +131,7 @@ class AttemptRunner:
         return outcome
 
     def _pre_guardrails(
-        self, defn: TaskDefinition[Any, Any], raw: dict[str, Any]
+        self, defn: TaskDefinition[Any, Any], raw: dict[str, Any], me: AttemptIdentity
     ) -> tuple[WorkspaceTarget, BaseModel]:
         if "workspace" not in raw:
             raise GuardrailError(
@@ -162,7 +162,7 @@ class AttemptRunner:
                 "workflow input"
             ) from e
         if ws.ref is None:
-            input_ref = head
+            input_ref = self._pin_unpinned_ref(ws.repository, head, me)
         else:
             try:
                 input_ref = self._store.get_commit(ws.repository, ws.ref).id
@@ -172,6 +172,17 @@ class AttemptRunner:
                     "(or omit ref to start from the branch head)"
                 ) from e
         return WorkspaceTarget(ws.repository, ws.branch, input_ref), params
+
+    def _pin_unpinned_ref(self, repository: str, head: str, me: AttemptIdentity) -> str:
+        """The input ref of an input without ``ref``: the head, unless the head is an earlier
+        attempt's publication of this very step; then that attempt's input ref, so the retry
+        replaces the abandoned publication instead of stacking a second one on top of it."""
+        owner_commit = self._store.get_commit(repository, head)
+        owner = AttemptIdentity.from_commit(owner_commit)
+        pinned = owner_commit.metadata.get("perago.input_ref")
+        if owner is not None and pinned and me.is_earlier_attempt_of_same_step(owner):
+            return pinned
+        return head
 
     def _run_checked(
         self,
@@ -227,12 +238,9 @@ class AttemptRunner:
             metrics.FILES.labels("download").inc(len(manifest.entries))
             metrics.BYTES.labels("download").inc(manifest.total_bytes)
             failpoints.hit("after_materialize")
-            step[0] = "task body"
-            result = self._call_body(defn, me, target, params, attempt_dir.workspace)
-            log.info("body_finished")
-            failpoints.hit("after_body")
-            step[0] = "post-guardrail"
-            checked = self._post_guardrails(defn, result)
+            checked = self._body_and_checks(
+                defn, me, target, params, attempt_dir.workspace, log, step
+            )
             if defn.workspace.read_only:
                 log.info("read_only_completed", ref=target.input_ref)
                 return self._completed(target, target.input_ref, checked)
@@ -267,17 +275,29 @@ class AttemptRunner:
                 staging_branch=staging,
                 prefix=prefix,
             )
-            step[0] = "task body"
-            result = self._call_body(defn, me, target, params, remote)
-            log.info("body_finished")
-            failpoints.hit("after_body")
-            step[0] = "post-guardrail"
-            checked = self._post_guardrails(defn, result)
+            checked = self._body_and_checks(defn, me, target, params, remote, log, step)
             step[0] = "publish"
             ref = self._publisher.publish_in_place(me, target, log)
             return self._completed(target, ref, checked)
         finally:
             self._publisher.cancel(repo, staging, log)
+
+    def _body_and_checks(
+        self,
+        defn: TaskDefinition[Any, Any],
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        params: BaseModel,
+        workspace: Any,
+        log: structlog.stdlib.BoundLogger,
+        step: list[str],
+    ) -> BaseModel:
+        step[0] = "task body"
+        result = self._call_body(defn, me, target, params, workspace)
+        log.info("body_finished")
+        failpoints.hit("after_body")
+        step[0] = "post-guardrail"
+        return self._post_guardrails(defn, result)
 
     def _call_body(
         self,

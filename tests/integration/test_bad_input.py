@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,6 @@ from .harness import (
     attempts,
     publications,
     put_workflow,
-    register_tasks,
     simple_task,
     staging_branches,
     wait_workflow,
@@ -27,16 +27,8 @@ MANY = int(os.environ.get("PERAGO_MANY_FILES", "10000"))
 
 
 @pytest.fixture
-def env(stack_env: dict[str, str], unique: str, tmp_path: Path) -> dict[str, str]:
-    e = {
-        **stack_env,
-        "PERAGO_TEST_SUFFIX": unique,
-        "PERAGO_WORK_DIR": str(tmp_path / "work"),
-        "PERAGO_TEST_RETRIES": "0",
-        "PERAGO_TEST_RESPONSE_TIMEOUT": "30",
-    }
-    register_tasks(e)
-    return e
+def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
+    return make_env(PERAGO_TEST_RETRIES="0", PERAGO_TEST_RESPONSE_TIMEOUT="30")
 
 
 def _run(

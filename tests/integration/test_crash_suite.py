@@ -8,6 +8,7 @@ no staging branch survives the janitor.
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,6 @@ from .harness import (
     perago_cli,
     publications,
     put_workflow,
-    register_tasks,
     simple_task,
     staging_branches,
     wait_workflow,
@@ -32,16 +32,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def env(stack_env: dict[str, str], unique: str, tmp_path: Path) -> dict[str, str]:
-    e = {
-        **stack_env,
-        "PERAGO_TEST_SUFFIX": unique,
-        "PERAGO_WORK_DIR": str(tmp_path / "work"),
-        "PERAGO_TEST_RESPONSE_TIMEOUT": "4",
-        "PERAGO_JANITOR_ON_START": "false",
-    }
-    register_tasks(e)
-    return e
+def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
+    return make_env(PERAGO_TEST_RESPONSE_TIMEOUT="4", PERAGO_JANITOR_ON_START="false")
 
 
 @pytest.mark.parametrize("point", POINTS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,6 @@ from perago.adapters.lakefs import LakeFSStore
 from .harness import (
     perago_cli,
     put_workflow,
-    register_tasks,
     simple_task,
     staging_branches,
     wait_workflow,
@@ -24,15 +24,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def env(stack_env: dict[str, str], unique: str, tmp_path: Path) -> dict[str, str]:
-    e = {
-        **stack_env,
-        "PERAGO_TEST_SUFFIX": unique,
-        "PERAGO_WORK_DIR": str(tmp_path / "work"),
-        "PERAGO_TEST_RESPONSE_TIMEOUT": "5",
-    }
-    register_tasks(e)
-    return e
+def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
+    return make_env(PERAGO_TEST_RESPONSE_TIMEOUT="5")
 
 
 def test_orphan_staging_branch_removed_live_one_kept(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def env(stack_env: dict[str, str], unique: str, tmp_path: Path) -> dict[str, str]:
-    e = {
-        **stack_env,
-        "PERAGO_TEST_SUFFIX": unique,
-        "PERAGO_WORK_DIR": str(tmp_path / "work"),
-        "PERAGO_TEST_RESPONSE_TIMEOUT": "6",
-    }
-    register_tasks(e)
-    return e
+def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
+    return make_env(PERAGO_TEST_RESPONSE_TIMEOUT="6")
 
 
 def _one_step(
@@ -547,3 +541,29 @@ def test_an_attempt_outliving_the_grace_is_failed_and_retried_elsewhere(
     assert [t["status"] for t in steps] == ["FAILED", "COMPLETED"]
     assert "worker shutdown" in steps[0]["reasonForIncompletion"]
     assert len(publications(store, repo)) == 1
+
+
+def test_retry_of_an_unpinned_input_replaces_instead_of_stacking(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Without ``ref`` the head is pinned at attempt start; a retry must not pin the abandoned
+    publication of its own step as its input (that would publish the step twice)."""
+    name = _one_step(
+        conductor, unique, {"files": {"u.txt": "unpinned"}, "only_on_first_attempt": False}
+    )
+    input_ref = store.branch_head(repo, "main")
+    wid = _start(conductor, name, repo)  # no ref
+    with worker({**env, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "w1.log") as w1:
+        assert w1.proc.wait(timeout=60) == -signal.SIGKILL
+    with worker(env, tmp_path / "w2.log") as w2:
+        wf = wait_workflow(conductor, wid, timeout=90)
+        w2.wait_for("published", mode="replace")
+    assert wf["status"] == "COMPLETED"
+    head = store.get_commit(repo, store.branch_head(repo, "main"))
+    assert head.parents[0] == input_ref
+    assert [c.id for c in publications(store, repo)] == [head.id]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,6 @@ from .harness import (
     attempts,
     publications,
     put_workflow,
-    register_tasks,
     simple_task,
     staging_branches,
     wait_workflow,
@@ -25,16 +25,12 @@ MODULE = "tests.integration.taskmods.spark_tasks"
 
 
 @pytest.fixture
-def env(stack_env: dict[str, str], unique: str, tmp_path: Path) -> dict[str, str]:
-    e = {
-        **stack_env,
-        "PERAGO_TEST_SUFFIX": unique,
-        "PERAGO_WORK_DIR": str(tmp_path / "work"),
-        "PERAGO_SPARK_MASTER": "local[2]",
-        "PERAGO_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2"}',
-    }
-    register_tasks(e, MODULE)
-    return e
+def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
+    return make_env(
+        MODULE,
+        PERAGO_SPARK_MASTER="local[2]",
+        PERAGO_SPARK_CONF='{"spark.sql.shuffle.partitions": "2"}',
+    )
 
 
 @pytest.fixture
