@@ -553,9 +553,7 @@ def test_retry_of_an_unpinned_input_replaces_instead_of_stacking(
 ) -> None:
     """Without ``ref`` the head is pinned at attempt start; a retry must not pin the abandoned
     publication of its own step as its input (that would publish the step twice)."""
-    name = _one_step(
-        conductor, unique, {"files": {"u.txt": "unpinned"}, "only_on_first_attempt": False}
-    )
+    name = _one_step(conductor, unique, {"files": {"u.txt": "unpinned"}, "stamp_retry": True})
     input_ref = store.branch_head(repo, "main")
     wid = _start(conductor, name, repo)  # no ref
     with worker({**env, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "w1.log") as w1:

@@ -25,6 +25,7 @@ class WriteParams(BaseModel):
     sleep: float = 0.0
     bad_result: bool = False
     bad_name: bool = False
+    stamp_retry: bool = False  # content differs per attempt, like real non-deterministic output
     many: int = 0
 
 
@@ -58,6 +59,9 @@ def write(workspace: Path, params: WriteParams) -> WriteResult:
             written += 1
         for rel in params.delete:
             (workspace / rel).unlink()
+    if params.stamp_retry:
+        (workspace / "attempt.txt").write_text(f"written by retry {attempt.retry_count}")
+        written += 1
     if params.bad_name:
         (workspace / os.fsdecode(b"latin1-\xe9t\xe9.txt")).write_text("not utf-8 named")
     if params.many:
