@@ -282,10 +282,7 @@ def repo_init(
 
 def _mount_subcommands() -> None:
     app.add_typer(repo_app, name="repo")
-    try:
-        from perago.dev.cli import app as dev_app
-    except ModuleNotFoundError:  # TEMP
-        return
+    from perago.dev.cli import app as dev_app
 
     app.add_typer(dev_app, name="dev", help="The local lakeFS + Conductor stack.")
 

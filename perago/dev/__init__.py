@@ -1,0 +1,1 @@
+"""The local development stack: lakeFS and Conductor built and run by the project itself."""
