@@ -24,9 +24,11 @@ stack-build: $(STAMP)
 demo: install
 	$(BIN)/python -m workers.demo
 
+LINTED := $(wildcard perago workers tests benchmarks model)
+
 lint: $(STAMP)
-	$(BIN)/ruff check perago workers tests benchmarks
-	$(BIN)/ruff format --check perago workers tests benchmarks
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
