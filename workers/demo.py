@@ -54,8 +54,10 @@ def main() -> int:
 
     repo = "demo-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     t0 = time.monotonic()
-    with console.status(f"creating repository {repo} and loading raw orders..."), \
-            tempfile.TemporaryDirectory() as tmp:
+    with (
+        console.status(f"creating repository {repo} and loading raw orders..."),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         store.create_repository(repo)
         generated = generate_orders(Path(tmp))
         files = [p.relative_to(tmp).as_posix() for p in sorted(Path(tmp).rglob("*.csv"))]
@@ -63,8 +65,7 @@ def main() -> int:
         seed = store.commit(repo, "main", message="load raw orders", metadata={"source": "demo"})
     phase("load", t0)
     console.print(
-        f"loaded {generated.rows} raw orders ({generated.bad_rows} bad) into "
-        f"{repo}@{seed.id[:12]}"
+        f"loaded {generated.rows} raw orders ({generated.bad_rows} bad) into {repo}@{seed.id[:12]}"
     )
 
     register(conductor, discover([MODULE]), load_workflows(ROOT / "workflows"))
@@ -98,7 +99,7 @@ def main() -> int:
     if wf.get("status") != "COMPLETED":
         console.print(f"[red]workflow {wf.get('status')}: {wf.get('reasonForIncompletion')}[/red]")
         return 1
-    console.print(f"look around: eval \"$(perago dev env)\" && lakectl log lakefs://{repo}/main")
+    console.print(f'look around: eval "$(perago dev env)" && lakectl log lakefs://{repo}/main')
     print(f"published {repo}@{wf['output']['workspace']['ref']}")
     return 0
 
@@ -111,7 +112,9 @@ def _run_workflow(console: Console, conductor: ConductorClient, repo: str) -> di
     with console.status("running the workflow...") as status:
         while True:
             wf = conductor.get_workflow(workflow_id)
-            done = [t["referenceTaskName"] for t in wf.get("tasks", []) if t["status"] == "COMPLETED"]
+            done = [
+                t["referenceTaskName"] for t in wf.get("tasks", []) if t["status"] == "COMPLETED"
+            ]
             status.update(f"running {WORKFLOW} ({workflow_id}): done {done or 'nothing yet'}")
             if wf.get("status") in ("COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED"):
                 return wf
@@ -139,8 +142,13 @@ def _summary(console: Console, wf: dict[str, Any]) -> None:
         rows_in = result.get("rows_in", result.get("clean_rows", ""))
         rows_out = result.get("rows_out", result.get("revenue_rows", ""))
         table.add_row(
-            ref, last["status"], str(len(runs)), str(rows_in), str(rows_out),
-            f"{max(seconds, 0):.1f}", commit,
+            ref,
+            last["status"],
+            str(len(runs)),
+            str(rows_in),
+            str(rows_out),
+            f"{max(seconds, 0):.1f}",
+            commit,
         )
     console.print(table)
     report = (wf.get("output") or {}).get("report")
