@@ -1,0 +1,185 @@
+"""The example pipeline through Conductor with real Spark, and Spark on a standalone cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from perago.adapters.conductor import ConductorClient
+from perago.adapters.lakefs import LakeFSStore
+from perago.workspace import upload_all
+from workers.orders.data import generate_orders
+
+from .harness import (
+    ROOT,
+    attempts,
+    publications,
+    put_workflow,
+    simple_task,
+    staging_branches,
+    wait_workflow,
+    worker,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+ROWS = int(os.environ.get("PERAGO_PIPELINE_ROWS", "20000"))
+
+
+def test_orders_pipeline_end_to_end(
+    make_env: Callable[..., dict[str, str]],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    tmp_path: Path,
+) -> None:
+    env = make_env("workers.orders.tasks", PERAGO_SPARK_MASTER="local[2]")
+    conductor.put_workflow_defs(
+        [json.loads((ROOT / "workflows" / "orders_pipeline.json").read_text())]
+    )
+    gen = generate_orders(tmp_path / "seed", rows=ROWS)
+    upload_all(store, repo, "main", "orders/", tmp_path / "seed", list(gen.files), parallelism=4)
+    seed = store.commit(repo, "main", message="seed", metadata={}).id
+    with worker(env, tmp_path / "w.log", module="workers.orders.tasks"):
+        wf = wait_workflow(
+            conductor,
+            conductor.start_workflow(
+                "orders_pipeline", {"workspace": {"repository": repo, "branch": "main"}}
+            ),
+            timeout=600,
+        )
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    out = wf["output"]
+    assert out["clean"]["rows_in"] == ROWS
+    assert out["clean"]["bad_rows"] == gen.bad_rows
+    assert out["clean"]["rows_out"] == ROWS - gen.bad_rows
+    assert out["revenue"]["rows_in"] == ROWS - gen.bad_rows
+    assert out["report"]["passed"] is True
+    clean_ref = attempts(wf, "clean")[-1]["outputData"]["workspace"]["ref"]
+    revenue_ref = attempts(wf, "revenue")[-1]["outputData"]["workspace"]["ref"]
+    assert (
+        out["workspace"]["ref"] == revenue_ref == store.branch_head(repo, "main")
+    )  # report: read-only
+    partitions = {
+        o.path.split("/")[2] for o in store.list_objects(repo, clean_ref, "orders/clean/")
+    }
+    assert len(partitions) == out["clean"]["partitions"] == 30
+    assert all(p.startswith("order_date=") for p in partitions)
+    pubs = publications(store, repo)
+    assert [c.metadata["perago.task_ref"] for c in pubs] == ["revenue", "clean"]
+    assert pubs[-1].parents[0] == seed and pubs[0].parents[0] == clean_ref
+    assert staging_branches(store, repo) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def standalone_master(tmp_path: Path) -> Iterator[str]:
+    """A Spark standalone master and one worker on 127.0.0.1, from the pyspark distribution."""
+    import pyspark
+
+    spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
+    port = _free_port()
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOG_DIR": str(tmp_path),
+        "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+    }
+    logs = [(tmp_path / f"{n}.log").open("w") for n in ("master", "worker")]
+    master = subprocess.Popen(
+        [
+            str(spark_class),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(_free_port()),
+        ],
+        env=env,
+        stdout=logs[0],
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"spark://127.0.0.1:{port}"
+    spark_worker = subprocess.Popen(
+        [
+            str(spark_class),
+            "org.apache.spark.deploy.worker.Worker",
+            url,
+            "--host",
+            "127.0.0.1",
+            "--webui-port",
+            str(_free_port()),
+            "--cores",
+            "2",
+            "--memory",
+            "1g",
+        ],
+        env=env,
+        stdout=logs[1],
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while "Registering worker" not in (tmp_path / "master.log").read_text():
+        assert time.monotonic() < deadline, (tmp_path / "master.log").read_text()[-2000:]
+        time.sleep(0.5)
+    try:
+        yield url
+    finally:
+        for p in (spark_worker, master):
+            os.killpg(p.pid, 15)
+            p.wait(timeout=30)
+        for f in logs:
+            f.close()
+
+
+def test_spark_task_on_a_standalone_cluster(
+    make_env: Callable[..., dict[str, str]],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+    standalone_master: str,
+) -> None:
+    module = "tests.integration.taskmods.spark_tasks"
+    env = make_env(module, PERAGO_SPARK_MASTER=standalone_master, PYSPARK_PYTHON=sys.executable)
+    src = tmp_path / "in.csv"
+    src.write_text("n,name\n" + "".join(f"{i},row{i}\n" for i in range(1, 101)))
+    store.upload(repo, "main", "spark/in/part-0.csv", src)
+    store.commit(repo, "main", message="seed", metadata={})
+    name = f"ps_cluster_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        [simple_task(f"ps_local_{unique}", "step", "${workflow.input.workspace}", {})],
+    )
+    with worker(env, tmp_path / "w.log", module=module) as w:
+        wf = wait_workflow(
+            conductor,
+            conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}}),
+            timeout=300,
+        )
+        started = w.wait_for("spark_session_started")
+    assert started["master"] == standalone_master
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    assert attempts(wf, "step")[-1]["outputData"]["result"] == {"rows": 100}
+    ref = wf["output"]["workspace"]["ref"]
+    assert any(o.path.endswith(".parquet") for o in store.list_objects(repo, ref, "spark/out/"))

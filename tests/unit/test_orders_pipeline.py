@@ -1,0 +1,92 @@
+"""The orders task bodies called directly on generated data with a local Spark session."""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workers.orders.data import generate_orders
+from workers.orders.tasks import (
+    CleanParams,
+    ReportParams,
+    RevenueParams,
+    orders_clean,
+    orders_daily_revenue,
+    orders_quality_report,
+)
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+def _expected(ws: Path) -> tuple[int, dict[tuple[str, str], Decimal]]:
+    good = 0
+    revenue: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for f in sorted((ws / "raw").glob("*.csv")):
+        for row in csv.DictReader(f.open()):
+            try:
+                amount = Decimal(row["amount"])
+            except ArithmeticError:
+                continue
+            if not row["customer_id"] or amount < 0 or row["currency"] != "EUR":
+                continue
+            if row["order_date"] == "2026-13-45":
+                continue
+            good += 1
+            revenue[(row["order_date"], row["segment"])] += amount
+    return good, revenue
+
+
+def test_pipeline_bodies(tmp_path: Path, spark: Any) -> None:
+    ws = tmp_path / "ws"
+    gen = generate_orders(ws, rows=5000, seed=7)
+    assert gen.rows == 5000 and 0 < gen.bad_rows < 250
+    good, revenue = _expected(ws)
+    assert good == gen.rows - gen.bad_rows
+
+    clean = orders_clean(ws, CleanParams(), spark=spark)
+    assert (clean.rows_in, clean.rows_out, clean.bad_rows) == (5000, good, gen.bad_rows)
+    dates = {d for d, _ in revenue}
+    assert clean.partitions == len(dates)
+    assert {p.name for p in (ws / "clean").iterdir()} == {f"order_date={d}" for d in dates}
+
+    rev = orders_daily_revenue(ws, RevenueParams(), spark=spark)
+    assert (rev.rows_in, rev.rows_out) == (good, len(revenue))
+    rows = spark.read.parquet(str(ws / "revenue" / "daily")).collect()
+    got = {(str(r["order_date"]), r["segment"]): Decimal(str(r["revenue"])) for r in rows}
+    assert got == {k: round(v, 2) for k, v in revenue.items()}
+
+    report = orders_quality_report(ws, ReportParams(), spark=spark)
+    assert report.passed, report.checks
+    assert report.clean_rows == good and report.revenue_rows == len(revenue)
+    leftovers = [p for p in ws.rglob("*") if p.name == "_SUCCESS" or p.name.endswith(".crc")]
+    assert leftovers == []
+
+
+def test_clean_without_raw_data_is_terminal(tmp_path: Path, spark: Any) -> None:
+    from perago import TaskError
+
+    (tmp_path / "ws").mkdir()
+    with pytest.raises(TaskError, match="load data first") as e:
+        orders_clean(tmp_path / "ws", CleanParams(), spark=spark)
+    assert e.value.non_retryable

@@ -1,0 +1,1 @@
+"""Example Perago task modules (each folder has a README)."""

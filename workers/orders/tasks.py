@@ -1,0 +1,149 @@
+"""Three Spark steps over ``orders/``: clean, daily revenue, and a read-only quality report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from perago import TaskError, WorkspaceSpec, task
+
+ORDERS = WorkspaceSpec(prefix="orders/")
+
+
+def tidy_spark_output(path: Path) -> None:
+    """Drop Spark's bookkeeping files so only data is published."""
+    for p in sorted(path.rglob("*"), reverse=True):
+        if p.is_file() and (p.name == "_SUCCESS" or p.name.endswith(".crc")):
+            p.unlink()
+        elif p.is_dir() and p.name == "_temporary":
+            for q in sorted(p.rglob("*"), reverse=True):
+                q.unlink() if q.is_file() else q.rmdir()
+            p.rmdir()
+
+
+class CleanParams(BaseModel):
+    min_amount: float = 0.0
+
+
+class CleanResult(BaseModel):
+    rows_in: int
+    rows_out: int
+    bad_rows: int
+    partitions: int
+
+
+@task("orders_clean", workspace=ORDERS)
+def orders_clean(workspace: Path, params: CleanParams, spark: Any) -> CleanResult:
+    """Drop bad rows (no customer, bad or negative amount, bad date, not EUR); parquet by date."""
+    from pyspark.sql import functions as F
+
+    raw = workspace / "raw"
+    if not raw.is_dir() or not any(raw.glob("*.csv")):
+        raise TaskError("no raw orders under orders/raw/: load data first", non_retryable=True)
+    df = spark.read.csv(
+        str(raw),
+        header=True,
+        schema=(
+            "order_id STRING, customer_id STRING, segment STRING, order_date STRING, "
+            "amount STRING, currency STRING"
+        ),
+    )
+    typed = df.select(
+        "order_id",
+        "customer_id",
+        "segment",
+        F.try_to_date("order_date", "yyyy-MM-dd").alias("order_date"),
+        F.col("amount").try_cast("decimal(12,2)").alias("amount"),
+        "currency",
+    )
+    clean = typed.where(
+        (F.coalesce(F.length("customer_id"), F.lit(0)) > 0)
+        & F.col("amount").isNotNull()
+        & (F.col("amount") >= F.lit(max(params.min_amount, 0.0)))
+        & F.col("order_date").isNotNull()
+        & (F.col("currency") == "EUR")
+    )
+    rows_in = df.count()
+    clean.write.mode("overwrite").partitionBy("order_date").parquet(str(workspace / "clean"))
+    tidy_spark_output(workspace / "clean")
+    rows_out = spark.read.parquet(str(workspace / "clean")).count()
+    partitions = sum(1 for p in (workspace / "clean").iterdir() if p.name.startswith("order_date="))
+    return CleanResult(
+        rows_in=rows_in, rows_out=rows_out, bad_rows=rows_in - rows_out, partitions=partitions
+    )
+
+
+class RevenueParams(BaseModel):
+    currency: str = "EUR"
+
+
+class RevenueResult(BaseModel):
+    rows_in: int
+    rows_out: int
+    days: int
+    segments: int
+
+
+@task("orders_daily_revenue", workspace=ORDERS)
+def orders_daily_revenue(workspace: Path, params: RevenueParams, spark: Any) -> RevenueResult:
+    """Revenue and order count per day and customer segment."""
+    from pyspark.sql import functions as F
+
+    clean = spark.read.parquet(str(workspace / "clean"))
+    daily = clean.groupBy("order_date", "segment").agg(
+        F.round(F.sum("amount"), 2).alias("revenue"), F.count("*").alias("orders")
+    )
+    daily.coalesce(1).write.mode("overwrite").parquet(str(workspace / "revenue" / "daily"))
+    tidy_spark_output(workspace / "revenue")
+    out = spark.read.parquet(str(workspace / "revenue" / "daily"))
+    return RevenueResult(
+        rows_in=clean.count(),
+        rows_out=out.count(),
+        days=out.select("order_date").distinct().count(),
+        segments=out.select("segment").distinct().count(),
+    )
+
+
+class ReportParams(BaseModel):
+    max_bad_ratio: float = 0.05
+
+
+class ReportResult(BaseModel):
+    clean_rows: int
+    revenue_rows: int
+    total_revenue: float
+    days: int
+    passed: bool
+    checks: dict[str, bool]
+
+
+@task("orders_quality_report", workspace=WorkspaceSpec(prefix="orders/", read_only=True))
+def orders_quality_report(workspace: Path, params: ReportParams, spark: Any) -> ReportResult:
+    """Cross-check the published tables; returns metrics and publishes nothing."""
+    from pyspark.sql import functions as F
+
+    clean = spark.read.parquet(str(workspace / "clean"))
+    revenue = spark.read.parquet(str(workspace / "revenue" / "daily"))
+    clean_total = float(clean.agg(F.sum("amount")).collect()[0][0] or 0)
+    revenue_total = float(revenue.agg(F.sum("revenue")).collect()[0][0] or 0)
+    clean_days = {r[0] for r in clean.select("order_date").distinct().collect()}
+    revenue_days = {r[0] for r in revenue.select("order_date").distinct().collect()}
+    raw_rows = sum(sum(1 for _ in p.open()) - 1 for p in (workspace / "raw").glob("*.csv"))
+    clean_rows = clean.count()
+    checks = {
+        "revenue_matches_clean_total": abs(clean_total - revenue_total) <= 0.01 * len(clean_days),
+        "every_day_has_revenue": clean_days == revenue_days,
+        "no_negative_amounts": clean.where(F.col("amount") < 0).count() == 0,
+        "bad_ratio_within_limit": raw_rows > 0
+        and (raw_rows - clean_rows) / raw_rows <= params.max_bad_ratio,
+    }
+    return ReportResult(
+        clean_rows=clean_rows,
+        revenue_rows=revenue.count(),
+        total_revenue=round(revenue_total, 2),
+        days=len(revenue_days),
+        passed=all(checks.values()),
+        checks=checks,
+    )
