@@ -68,7 +68,9 @@ def main() -> int:
         f"loaded {generated.rows} raw orders ({generated.bad_rows} bad) into {repo}@{seed.id[:12]}"
     )
 
-    register(conductor, discover([MODULE]), load_workflows(ROOT / "workflows"))
+    register(
+        conductor, discover([MODULE, "workers.smoke.tasks"]), load_workflows(ROOT / "workflows")
+    )
     log_path = info.stack_dir / "logs" / f"demo-worker-{repo}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log_file:
