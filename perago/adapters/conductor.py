@@ -16,7 +16,7 @@ import httpx
 from conductor.client.configuration.configuration import Configuration
 from conductor.client.http.api_client import ApiClient
 from conductor.client.http.rest import ApiException
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from perago.config import Settings
 from perago.errors import OrchestratorError
@@ -28,12 +28,16 @@ _JSON = {"Content-Type": "application/json", "Accept": "application/json"}
 
 
 def _is_transient(e: BaseException) -> bool:
-    return isinstance(e, OrchestratorError) and (e.status is None or e.status >= 500)
+    # The SDK reports a refused connection as HTTP status 0.
+    return isinstance(e, OrchestratorError) and (
+        not e.status or e.status >= 500 or e.status == 429
+    )
 
 
+#: A Conductor restart takes tens of seconds; idempotent calls ride it out, then re-read state.
 _retry = retry(
     retry=retry_if_exception(_is_transient),
-    stop=stop_after_attempt(8),
+    stop=stop_after_delay(120),
     wait=wait_exponential(multiplier=0.25, max=5),
     reraise=True,
 )

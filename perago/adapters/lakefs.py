@@ -19,12 +19,7 @@ from urllib.parse import quote
 import lakefs_sdk
 import urllib3
 from lakefs_sdk.exceptions import ApiException
-from tenacity import (
-    retry,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from perago.config import Settings
 from perago.errors import ConflictError, NotFoundError, StoreError
@@ -46,7 +41,7 @@ def _is_transient(e: BaseException) -> bool:
 #: Retries for calls that are safe to repeat (reads, deletes, idempotent creates).
 _retry_idempotent = retry(
     retry=retry_if_exception(_is_transient),
-    stop=stop_after_attempt(6),
+    stop=stop_after_delay(60),
     wait=wait_exponential(multiplier=0.2, max=5),
     reraise=True,
 )

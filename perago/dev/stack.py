@@ -182,7 +182,7 @@ def _port_busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _start(paths: StackPaths, service: str, c: dict[str, str]) -> int:
+def _start(paths: StackPaths, service: str, c: dict[str, str]) -> subprocess.Popen[bytes]:
     port = _port(service, c)
     if _port_busy(port):
         env_name = f"PERAGO_{service.upper()}_PORT"
@@ -197,16 +197,23 @@ def _start(paths: StackPaths, service: str, c: dict[str, str]) -> int:
         cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
     )
     paths.pid_file(service).write_text(str(proc.pid))
-    return proc.pid
+    return proc
 
 
-def _wait_healthy(paths: StackPaths, service: str, c: dict[str, str], timeout: float) -> None:
+def _wait_healthy(
+    paths: StackPaths,
+    service: str,
+    c: dict[str, str],
+    timeout: float,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     url = _health_url(service, c)
     while time.monotonic() < deadline:
         if _healthy(url):
             return
-        if _pid(paths, service) is None:
+        if proc is not None and proc.poll() is not None:
+            timeout = -1  # it exited: say so below instead of waiting on
             break
         time.sleep(0.5)
     tail = (
@@ -214,23 +221,20 @@ def _wait_healthy(paths: StackPaths, service: str, c: dict[str, str], timeout: f
         if paths.log_file(service).exists()
         else ""
     )
-    raise StackError(
-        f"{service} did not become healthy at {url} within {timeout:.0f}s; last log lines "
-        f"({paths.log_file(service)}):\n{tail}"
-    )
+    what = "exited" if timeout < 0 else f"did not become healthy at {url} within {timeout:.0f}s"
+    raise StackError(f"{service} {what}; last log lines ({paths.log_file(service)}):\n{tail}")
 
 
 def up(*, progress: bool = False) -> StackInfo:
     """Build if needed, start what is not running, wait until both answer. Idempotent."""
     paths = build(progress=progress)
     c = _config(paths)
-    started = []
+    started: dict[str, subprocess.Popen[bytes]] = {}
     for service in SERVICES:
         if _pid(paths, service) is None:
-            _start(paths, service, c)
-            started.append(service)
+            started[service] = _start(paths, service, c)
     for service, timeout in (("lakefs", 60.0), ("conductor", 240.0)):
-        _wait_healthy(paths, service, c, timeout)
+        _wait_healthy(paths, service, c, timeout, started.get(service))
     return info()
 
 
@@ -264,8 +268,7 @@ def restart(service: str) -> None:
     paths = stack_paths()
     c = _config(paths)
     _stop(paths, service)
-    _start(paths, service, c)
-    _wait_healthy(paths, service, c, 240.0)
+    _wait_healthy(paths, service, c, 240.0, _start(paths, service, c))
 
 
 def status() -> dict[str, ServiceStatus]:
