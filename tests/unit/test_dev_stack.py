@@ -65,3 +65,23 @@ def test_a_recycled_pid_is_never_ours(tmp_path: Path) -> None:
     paths.make()
     paths.pid_file("lakefs").write_text("1")  # init: alive, but not started by this stack
     assert stack._pid(paths, "lakefs") is None
+
+
+def test_a_busy_port_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    paths = StackPaths(root=tmp_path, stack=tmp_path / ".stack")
+    paths.make()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        c = {**stack._config(paths), "lakefs_port": str(s.getsockname()[1])}
+        with pytest.raises(StackError, match="in use by another process.*PERAGO_LAKEFS_PORT"):
+            stack._start(paths, "lakefs", c)
+    assert not paths.pid_file("lakefs").exists()
+
+
+def test_missing_tools_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build.shutil, "which", lambda _: None)
+    with pytest.raises(StackError, match="install Go"):
+        build._require("go", "install Go >= 1.26.4")
