@@ -76,7 +76,7 @@ def test_a_busy_port_is_a_clear_error(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         c = {**stack._config(paths), "lakefs_port": str(s.getsockname()[1])}
-        with pytest.raises(StackError, match="in use by another process.*PERAGO_LAKEFS_PORT"):
+        with pytest.raises(StackError, match=r"in use by another process.*PERAGO_LAKEFS_PORT"):
             stack._start(paths, "lakefs", c)
     assert not paths.pid_file("lakefs").exists()
 

@@ -1,0 +1,164 @@
+"""Try/Confirm/Cancel against the in-memory store: decisions, races and lost answers."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import structlog
+
+from perago.adapters.conductor import TaskSnapshot
+from perago.errors import AttemptFenceError, PublishFenceError, StoreError
+from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.publish.transaction import PUBLICATION_MARKER
+from perago.testing import MemoryStore, StaticLedger
+from perago.workspace import Diff
+
+LOG = structlog.get_logger("test").bind()
+
+
+def ident(wf: str = "wf", task: str = "t0", retry: int = 0, ref: str = "step") -> AttemptIdentity:
+    return AttemptIdentity(wf, ref, task, retry_count=retry, poll_count=1, task_type="tt")
+
+
+def snap(me: AttemptIdentity, status: str = "IN_PROGRESS") -> TaskSnapshot:
+    return TaskSnapshot(
+        me.task_id,
+        "tt",
+        me.reference_name,
+        me.workflow_id,
+        status,
+        me.retry_count,
+        me.poll_count,
+        "w",
+        60,
+        {},
+    )
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    s = MemoryStore()
+    s.create_repository("r")
+    return s
+
+
+def _workspace(tmp_path: Path, name: str, text: str) -> tuple[Path, Diff]:
+    ws = tmp_path / name
+    ws.mkdir()
+    (ws / "out.txt").write_text(text)
+    return ws, Diff(added=("out.txt",))
+
+
+def _publish(store: MemoryStore, me: AttemptIdentity, ws: Path, diff: Diff, input_ref: str) -> str:
+    pub = Publisher(store, StaticLedger(snap(me)), worker_id="w")
+    return pub.publish(me, WorkspaceTarget("r", "main", input_ref), "data/", ws, diff, LOG)
+
+
+def test_first_publication_is_a_merge_on_the_input_ref(store: MemoryStore, tmp_path: Path) -> None:
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "A")
+    out = _publish(store, ident(), ws, diff, base)
+    head = store.get_commit("r", "main")
+    assert out == head.id and head.parents[0] == base
+    assert store.tree("r", "main")["data/out.txt"] == b"A"
+    assert PUBLICATION_MARKER in store.tree("r", "main")
+    assert store.list_branches("r", prefix="perago-stg-") == []
+
+
+def test_retry_replaces_the_abandoned_publication_and_tags_it(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "first")
+    abandoned = _publish(store, ident(task="t0", retry=0), ws, diff, base)
+    ws2, diff2 = _workspace(tmp_path, "b", "second")
+    out = _publish(store, ident(task="t1", retry=1), ws2, diff2, base)
+    head = store.get_commit("r", "main")
+    assert out == head.id and head.parents == (base,)  # the staged commit itself
+    assert store.tree("r", "main")["data/out.txt"] == b"second"
+    assert store.get_tag("r", f"perago-replaced-{abandoned[:16]}-r1") == abandoned
+
+
+def test_a_later_attempts_head_is_never_replaced(store: MemoryStore, tmp_path: Path) -> None:
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "later")
+    _publish(store, ident(task="t2", retry=2), ws, diff, base)
+    with pytest.raises(PublishFenceError, match="refusing to replace"):
+        _publish(store, ident(task="t1", retry=1), ws, diff, base)
+
+
+def test_a_stale_attempt_stages_nothing(store: MemoryStore, tmp_path: Path) -> None:
+    me = ident()
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "x")
+    pub = Publisher(store, StaticLedger(snap(me, "TIMED_OUT")), worker_id="w")
+    with pytest.raises(AttemptFenceError):
+        pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff, LOG)
+    assert store.branch_head("r", "main") == base
+    assert store.list_branches("r", prefix="perago-stg-") == []
+
+
+def test_noop_relocates_an_abandoned_publication(store: MemoryStore, tmp_path: Path) -> None:
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "x")
+    abandoned = _publish(store, ident(task="t0"), ws, diff, base)
+    out = _publish(store, ident(task="t1", retry=1), ws, Diff(), base)
+    assert out == base == store.branch_head("r", "main")
+    assert store.get_tag("r", f"perago-replaced-{abandoned[:16]}-r1") == abandoned
+
+
+class _MergeBarrier(MemoryStore):
+    """Both publishers reach the merge having passed the fence on the same head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(2, timeout=10)
+
+    def merge(self, *args: object, **kwargs: object) -> str:
+        self.barrier.wait()
+        return super().merge(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_marker_makes_the_store_reject_the_second_of_two_racing_merges(tmp_path: Path) -> None:
+    store = _MergeBarrier()
+    store.create_repository("r")
+    base = store.branch_head("r", "main")
+    results: dict[str, object] = {}
+
+    def run(wf: str) -> None:
+        ws = tmp_path / wf
+        ws.mkdir()
+        (ws / f"{wf}.txt").write_text(wf)
+        try:
+            results[wf] = _publish(
+                store, ident(wf=wf, task=wf), ws, Diff(added=(f"{wf}.txt",)), base
+            )
+        except PublishFenceError as e:
+            results[wf] = e
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in ("wa", "wb")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [r for r in results.values() if isinstance(r, PublishFenceError)]
+    assert len(errors) == 1 and "rejected the merge" in str(errors[0])
+    head = store.get_commit("r", "main")
+    assert head.parents[0] == base and head.id in results.values()
+
+
+class _LostAnswer(MemoryStore):
+    def merge(self, *args: object, **kwargs: object) -> str:
+        super().merge(*args, **kwargs)  # type: ignore[arg-type]
+        raise StoreError("connection reset while reading the merge answer")
+
+
+def test_a_merge_whose_answer_was_lost_is_found_in_history(tmp_path: Path) -> None:
+    store = _LostAnswer()
+    store.create_repository("r")
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "x")
+    out = _publish(store, ident(), ws, diff, base)
+    assert out == store.branch_head("r", "main") != base
