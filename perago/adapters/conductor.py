@@ -29,9 +29,7 @@ _JSON = {"Content-Type": "application/json", "Accept": "application/json"}
 
 def _is_transient(e: BaseException) -> bool:
     # The SDK reports a refused connection as HTTP status 0.
-    return isinstance(e, OrchestratorError) and (
-        not e.status or e.status >= 500 or e.status == 429
-    )
+    return isinstance(e, OrchestratorError) and (not e.status or e.status >= 500 or e.status == 429)
 
 
 #: A Conductor restart takes tens of seconds; idempotent calls ride it out, then re-read state.

@@ -1,7 +1,8 @@
 """Build lakeFS and lakectl from the Go module proxy and fetch Conductor from Maven Central.
 
-Each artifact is cached in the stack folder with a stamp of the inputs that pinned it, so a
-rebuild happens only when a pin changes.
+Each artifact is cached in the stack folder next to a stamp of the files that pin it, so a
+rebuild happens only when a pin changes. Conductor 3.32 needs a JDK >= 21, which may not be
+the default ``java`` (Spark wants 17), so the newest suitable JDK installed is looked up.
 """
 
 from __future__ import annotations
@@ -9,78 +10,169 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 from perago.dev.paths import StackPaths, stack_paths
 from perago.errors import StackError
 
-__all__ = ["build", "conductor_jar", "find_java"]
+__all__ = [
+    "JDK_SEARCH_DIRS",
+    "build",
+    "conductor_jar",
+    "find_java",
+    "java_version",
+    "parse_java_version",
+    "step",
+]
 
 #: Modules the Go checksum database does not know; their hashes are pinned in the committed
 #: go.sum files and match lakeFS's own go.sum at the pinned tag.
 GONOSUMDB = "github.com/treeverse/delta-go,github.com/treeverse/secret-detector"
 
+#: Where JDKs are installed by Debian/Ubuntu, RPM distributions, tarballs and macOS.
+JDK_SEARCH_DIRS = (
+    "/usr/lib/jvm",
+    "/usr/java",
+    "/opt/java",
+    "/opt/jdk",
+    "/Library/Java/JavaVirtualMachines",
+    "~/Library/Java/JavaVirtualMachines",
+    "~/.sdkman/candidates/java",
+)
+
+CONDUCTOR_MIN_JAVA = 21
+_TAIL_LINES = 20
+
+
+# -- progress ----------------------------------------------------------------------------
+
+
+@contextmanager
+def step(message: str, *, progress: bool) -> Iterator[None]:
+    """Show one step: a rich spinner with elapsed time on a terminal, plain lines otherwise."""
+    if not progress:
+        yield
+        return
+    started = time.monotonic()
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        console = Console(stderr=True)
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
+            bar.add_task(message, total=None)
+            yield
+        console.print(
+            f"[green]✓[/green] {message} ({time.monotonic() - started:.1f}s)", highlight=False
+        )
+    else:
+        print(f"{message} ...", file=sys.stderr, flush=True)
+        yield
+        print(f"{message}: done in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+
+
+# -- tools ---------------------------------------------------------------------------------
+
 
 def _stamp(*files: Path) -> str:
     h = hashlib.sha256()
     for f in files:
-        h.update(f.read_bytes())
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
 
-def _require(tool: str, hint: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        raise StackError(f"`{tool}` was not found on PATH: {hint}, then re-run `make install`")
-    return path
+def _fresh(artifact: Path | None, stamp_file: Path, stamp: str) -> bool:
+    return (
+        artifact is not None
+        and artifact.exists()
+        and stamp_file.is_file()
+        and stamp_file.read_text().strip() == stamp
+    )
 
 
-@contextmanager
-def _step(message: str, progress: bool) -> Iterator[None]:
-    started = time.monotonic()
-    if progress and sys.stderr.isatty():
-        from rich.console import Console
-
-        with Console(stderr=True).status(message + "..."):
-            yield
-    else:
-        print(message + "...", file=sys.stderr, flush=True)
-        yield
-    print(f"{message}: done in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
-def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> None:
-    with log.open("w") as out:
-        done = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+def _require_go(module: Path) -> str:
+    wanted_match = re.search(r"^go (\S+)", (module / "go.mod").read_text(), re.MULTILINE)
+    wanted = wanted_match.group(1) if wanted_match else "1.26"
+    go = shutil.which("go")
+    if go is None:
         raise StackError(
-            f"command failed (exit {done.returncode}) in {cwd}: {' '.join(cmd)}\n{tail}\n"
-            f"(full log: {log})"
+            f"Go >= {wanted} is required to build lakeFS but `go` is not on PATH: install it "
+            "(https://go.dev/doc/install) and re-run `make install`"
+        )
+    found = subprocess.run(
+        [go, "env", "GOVERSION"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if found and _version_tuple(found) < _version_tuple(wanted):
+        raise StackError(
+            f"Go >= {wanted} is required to build lakeFS but {go} is {found}: install a newer "
+            "Go (https://go.dev/doc/install) and re-run `make install`"
+        )
+    return go
+
+
+def _require_mvn() -> str:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise StackError(
+            "Maven is required to fetch the Conductor server but `mvn` is not on PATH: install "
+            "it (e.g. `apt-get install maven`, `brew install maven`) and re-run `make install`"
+        )
+    return mvn
+
+
+def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], log: Path) -> None:
+    """Run a build command with its output in ``log``; fail quoting the command and the tail."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        out.write(f"$ (cd {shlex.quote(str(cwd))} && {shlex.join(cmd)})\n")
+        out.flush()
+        done = subprocess.run(
+            cmd, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT, check=False
+        )
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[1:][-_TAIL_LINES:])
+        raise StackError(
+            f"build step failed (exit {done.returncode}): (cd {shlex.quote(str(cwd))} && "
+            f"{shlex.join(cmd)})\n{tail}\nfull log: {log}; fix the cause and re-run "
+            "`perago dev build`"
         )
 
 
-def _lakefs_version(module_dir: Path) -> str:
-    m = re.search(r"github\.com/treeverse/lakefs (v\S+)", (module_dir / "go.mod").read_text())
-    if not m:
-        raise StackError(f"{module_dir}/go.mod does not require github.com/treeverse/lakefs")
+# -- lakeFS and lakectl ------------------------------------------------------------------------
+
+
+def _lakefs_version(module: Path) -> str:
+    m = re.search(r"github\.com/treeverse/lakefs (v\S+)", (module / "go.mod").read_text())
+    if m is None:
+        raise StackError(f"{module}/go.mod does not require github.com/treeverse/lakefs")
     return m.group(1)
 
 
-def _build_go_binary(paths: StackPaths, name: str, progress: bool) -> None:
-    module = paths.root / "deploy" / "local" / name
+def _build_go_binary(paths: StackPaths, name: str, *, progress: bool) -> None:
+    module = paths.deploy / name
     binary = paths.bin / name
     stamp_file = paths.bin / f".{name}.stamp"
     stamp = _stamp(module / "go.mod", module / "go.sum", module / "main.go")
-    if binary.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+    if _fresh(binary, stamp_file, stamp):
         return
-    go = _require("go", "install Go >= 1.26.4 (it builds lakeFS from the Go module proxy)")
+    go = _require_go(module)
     version = _lakefs_version(module)
     env = {
         **os.environ,
@@ -88,34 +180,41 @@ def _build_go_binary(paths: StackPaths, name: str, progress: bool) -> None:
         "GONOSUMDB": GONOSUMDB,
         "GOFLAGS": "-mod=mod",
     }
+    # Built beside the target and renamed: a running lakefs keeps its (old) file.
+    partial = paths.bin / f".{name}.partial"
     cmd = [
         go,
         "build",
         "-o",
-        str(binary),
+        str(partial),
         "-ldflags",
         f"-X github.com/treeverse/lakefs/pkg/version.Version={version}",
         ".",
     ]
-    with _step(f"building {name} {version} from the Go module proxy", progress):
+    with step(f"building {name} {version} (Go module proxy)", progress=progress):
         _run(cmd, cwd=module, env=env, log=paths.logs / f"build-{name}.log")
+    os.replace(partial, binary)
     stamp_file.write_text(stamp)
 
 
+# -- Conductor ----------------------------------------------------------------------------------
+
+
 def conductor_jar(paths: StackPaths) -> Path | None:
+    """The fetched Conductor boot jar, if any."""
     jars = sorted(paths.conductor_jars.glob("conductor-server-*-boot.jar"))
     return jars[-1] if jars else None
 
 
-def _fetch_conductor(paths: StackPaths, progress: bool) -> None:
-    pom = paths.root / "deploy" / "local" / "conductor" / "pom.xml"
+def _fetch_conductor(paths: StackPaths, *, progress: bool) -> None:
+    pom = paths.deploy / "conductor" / "pom.xml"
     stamp_file = paths.conductor_jars / ".stamp"
     stamp = _stamp(pom)
-    if conductor_jar(paths) and stamp_file.exists() and stamp_file.read_text() == stamp:
+    if _fresh(conductor_jar(paths), stamp_file, stamp):
         return
-    mvn = _require("mvn", "install Maven (it fetches the Conductor server from Maven Central)")
-    for old in paths.conductor_jars.glob("*.jar"):
-        old.unlink()
+    mvn = _require_mvn()
+    incoming = paths.conductor_jars / ".incoming"
+    shutil.rmtree(incoming, ignore_errors=True)
     cmd = [
         mvn,
         "-q",
@@ -123,56 +222,105 @@ def _fetch_conductor(paths: StackPaths, progress: bool) -> None:
         "-f",
         str(pom),
         "dependency:copy-dependencies",
-        f"-DoutputDirectory={paths.conductor_jars}",
+        f"-DoutputDirectory={incoming}",
     ]
-    with _step("fetching the Conductor server from Maven Central", progress):
-        _run(cmd, cwd=pom.parent, env=dict(os.environ), log=paths.logs / "build-conductor.log")
-    if conductor_jar(paths) is None:
-        raise StackError(f"Maven ran but no conductor-server boot jar is in {paths.conductor_jars}")
+    with step("fetching the Conductor server (Maven Central)", progress=progress):
+        _run(cmd, cwd=pom.parent, env=os.environ, log=paths.logs / "build-conductor.log")
+    jars = sorted(incoming.glob("conductor-server-*-boot.jar"))
+    if not jars:
+        raise StackError(
+            f"Maven ran but left no conductor-server-*-boot.jar in {incoming}; check "
+            f"{paths.logs / 'build-conductor.log'} and {pom}"
+        )
+    for old in paths.conductor_jars.glob("*.jar"):
+        old.unlink()
+    os.replace(jars[-1], paths.conductor_jars / jars[-1].name)
+    shutil.rmtree(incoming, ignore_errors=True)
     stamp_file.write_text(stamp)
 
 
-def _java_version(java_home: Path) -> int | None:
-    release = java_home / "release"
-    if not release.is_file() or not (java_home / "bin" / "java").exists():
+# -- Java ------------------------------------------------------------------------------------
+
+
+def parse_java_version(release_text: str) -> int | None:
+    """The feature version in a JDK ``release`` file: ``"21.0.2"`` -> 21, ``"1.8.0_392"`` -> 8."""
+    m = re.search(r'^JAVA_VERSION="?(\d+)(?:\.(\d+))?', release_text, re.MULTILINE)
+    if m is None:
         return None
-    m = re.search(r'JAVA_VERSION="(\d+)', release.read_text(errors="replace"))
-    return int(m.group(1)) if m else None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
 
 
-def find_java(minimum: int = 21, env: dict[str, str] | None = None) -> Path:
-    """The newest installed JDK >= ``minimum`` (PERAGO_CONDUCTOR_JAVA overrides)."""
-    env = dict(os.environ) if env is None else env
+def java_version(home: Path) -> int | None:
+    """The version of the JDK at ``home``, or None if it is not a JDK with a ``java``."""
+    release = home / "release"
+    if not release.is_file() or not (home / "bin" / "java").is_file():
+        return None
+    return parse_java_version(release.read_text(errors="replace"))
+
+
+def _homes(search_dirs: Iterable[str | Path]) -> Iterator[Path]:
+    for base in search_dirs:
+        base_path = Path(base).expanduser()
+        if not base_path.is_dir():
+            continue
+        for child in sorted(base_path.iterdir()):
+            yield child
+            yield child / "Contents" / "Home"  # macOS bundle layout
+
+
+def find_java(
+    *,
+    minimum: int = CONDUCTOR_MIN_JAVA,
+    env: Mapping[str, str] | None = None,
+    search_dirs: Iterable[str | Path] = JDK_SEARCH_DIRS,
+) -> Path:
+    """The ``java`` to run Conductor with: PERAGO_CONDUCTOR_JAVA, JAVA_HOME, or the newest JDK.
+
+    JAVA_HOME wins when it is new enough (the user chose it); otherwise the newest JDK >=
+    ``minimum`` under the usual install folders.
+    """
+    env = os.environ if env is None else env
     override = env.get("PERAGO_CONDUCTOR_JAVA")
     if override:
-        return Path(override)
-    homes: list[Path] = []
-    if env.get("JAVA_HOME"):
-        home = Path(env["JAVA_HOME"])
-        version = _java_version(home)
+        java = Path(override).expanduser()
+        if java.is_dir():
+            java = java / "bin" / "java"
+        if not java.is_file():
+            raise StackError(
+                f"PERAGO_CONDUCTOR_JAVA={override} is not a java executable or JDK folder; "
+                f"point it at a JDK >= {minimum} (its bin/java) or unset it"
+            )
+        return java
+    java_home = env.get("JAVA_HOME")
+    if java_home:
+        version = java_version(Path(java_home))
         if version is not None and version >= minimum:
-            return home / "bin" / "java"  # the user's explicit choice wins when it fits
-        homes.append(home)
-    for base in ("/usr/lib/jvm", "/usr/java", "/opt/java", "/Library/Java/JavaVirtualMachines"):
-        if Path(base).is_dir():
-            for d in sorted(Path(base).iterdir()):
-                homes.extend([d, d / "Contents" / "Home"])
-    found = [(v, h) for h in homes if (v := _java_version(h)) is not None and v >= minimum]
+            return Path(java_home) / "bin" / "java"
+    found: dict[Path, int] = {}
+    for home in _homes(search_dirs):
+        version = java_version(home)
+        if version is not None and version >= minimum:
+            found.setdefault(home.resolve(), version)
     if not found:
+        looked = ", ".join(str(d) for d in search_dirs)
         raise StackError(
-            f"Conductor needs a JDK >= {minimum} and none was found (looked at JAVA_HOME and "
-            "/usr/lib/jvm); install one (e.g. `apt-get install openjdk-21-jdk-headless`) or "
-            "point PERAGO_CONDUCTOR_JAVA at its bin/java"
+            f"Conductor needs a JDK >= {minimum} and none was found (JAVA_HOME, {looked}); "
+            f"install one (e.g. `apt-get install openjdk-{minimum}-jdk-headless`, "
+            f"`brew install openjdk@{minimum}`) or set PERAGO_CONDUCTOR_JAVA to its bin/java"
         )
-    return max(found)[1] / "bin" / "java"
+    newest = max(found.items(), key=lambda item: (item[1], str(item[0])))[0]
+    return newest / "bin" / "java"
 
 
-def build(*, progress: bool = True) -> StackPaths:
+# -- all of it ----------------------------------------------------------------------------------
+
+
+def build(*, progress: bool = False) -> None:
     """Make every stack binary present and current; idempotent and cheap when nothing changed."""
     paths = stack_paths()
     paths.make()
-    _build_go_binary(paths, "lakefs", progress)
-    _build_go_binary(paths, "lakectl", progress)
-    _fetch_conductor(paths, progress)
+    _build_go_binary(paths, "lakefs", progress=progress)
+    _build_go_binary(paths, "lakectl", progress=progress)
+    _fetch_conductor(paths, progress=progress)
     find_java()
-    return paths

@@ -2,92 +2,100 @@
 
 from __future__ import annotations
 
-import shlex
+import sys
 import time
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 import typer
 
 from perago.errors import PeragoError
 
-app = typer.Typer(no_args_is_help=True, help="The local lakeFS + Conductor stack.")
+__all__ = ["app"]
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="The local stack: lakeFS and Conductor as processes on 127.0.0.1 (no Docker).",
+)
+
+T = TypeVar("T")
 
 
-def _fail(e: PeragoError) -> typer.Exit:
-    typer.secho(f"error: {e.message}", fg=typer.colors.RED, err=True)
-    return typer.Exit(1)
+def _run(action: Callable[[], T]) -> T:
+    """Perago errors become one red message on stderr and exit status 1, no traceback."""
+    try:
+        return action()
+    except PeragoError as e:
+        typer.secho(f"error: {e.message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("build")
 def build_cmd() -> None:
-    """Build lakeFS/lakectl (Go module proxy) and fetch Conductor (Maven Central) if needed."""
+    """Build lakeFS/lakectl and fetch Conductor if their pins changed (idempotent)."""
     from perago.dev.build import build
+    from perago.dev.paths import stack_paths
 
-    try:
-        paths = build(progress=True)
-    except PeragoError as e:
-        raise _fail(e) from e
-    typer.echo(f"stack binaries ready in {paths.stack}")
+    _run(lambda: build(progress=True))
+    typer.echo(f"stack binaries are ready in {_run(stack_paths).stack}", err=True)
 
 
 @app.command("up")
 def up_cmd() -> None:
-    """Start lakeFS and Conductor on 127.0.0.1 (a running stack is reused)."""
+    """Start lakeFS and Conductor (a running stack is reused) and wait until both answer."""
     from perago.dev import stack
 
-    try:
-        before = {k: v.running for k, v in stack.status().items()}
-        started = time.monotonic()
-        info = stack.up(progress=True)
-    except PeragoError as e:
-        raise _fail(e) from e
-    if all(before.values()):
-        typer.echo("the stack is already running")
-    else:
-        typer.echo(f"stack up in {time.monotonic() - started:.1f}s")
-    typer.echo(f"lakeFS    {info.lakefs_endpoint}\nConductor {info.conductor_url}")
-    typer.echo('use it from a shell: eval "$(perago dev env)"')
+    started = time.monotonic()
+    info = _run(lambda: stack.up(progress=True))
+    typer.echo(f"stack ready in {time.monotonic() - started:.1f}s ({info.stack_dir})", err=True)
+    typer.echo(f"lakeFS     {info.lakefs_endpoint}")
+    typer.echo(f"Conductor  {info.conductor_url}")
+    typer.echo('use it from a shell: eval "$(perago dev env)"', err=True)
 
 
 @app.command("down")
 def down_cmd(
-    wipe: Annotated[bool, typer.Option("--wipe", help="Also delete the stack's data.")] = False,
+    wipe: Annotated[
+        bool, typer.Option("--wipe", help="Also delete the servers' data (keeps binaries).")
+    ] = False,
 ) -> None:
     """Stop the processes `perago dev up` started."""
     from perago.dev import stack
 
-    try:
-        stopped = stack.down(wipe=wipe)
-    except PeragoError as e:
-        raise _fail(e) from e
+    stopped = _run(lambda: stack.down(wipe=wipe))
     typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    if wipe:
+        typer.echo("data deleted")
 
 
 @app.command("status")
 def status_cmd() -> None:
-    """Say what runs where."""
+    """What runs where; exit status 3 unless everything runs and answers."""
     from perago.dev import stack
 
-    try:
-        states = stack.status()
-    except PeragoError as e:
-        raise _fail(e) from e
+    states = _run(stack.status)
     for s in states.values():
-        state = ("healthy" if s.healthy else "starting") if s.running else "stopped"
-        typer.echo(f"{s.name:<10} {state:<8} pid={s.pid or '-':<8} {s.url}")
-    if not all(s.running for s in states.values()):
+        state = ("healthy" if s.healthy else "unhealthy") if s.running else "stopped"
+        pid = str(s.pid) if s.pid is not None else "-"
+        typer.echo(f"{s.name:<10} {state:<9} pid={pid:<8} {s.url}")
+    if not all(s.healthy for s in states.values()):
         raise typer.Exit(3)
+
+
+def _single_quoted(value: str) -> str:
+    """POSIX shell single quotes, always (``shlex.quote`` leaves plain words bare)."""
+    return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
 @app.command("env")
 def env_cmd() -> None:
-    """Print export lines: eval "$(perago dev env)" then lakectl and perago just work."""
+    """Print export lines: `eval "$(perago dev env)"`, then lakectl and perago just work."""
     from perago.dev import stack
 
-    try:
-        info = stack.info()
-    except PeragoError as e:
-        raise _fail(e) from e
+    info = _run(stack.info)
     for key, value in info.env().items():
-        typer.echo(f"export {key}={shlex.quote(value)}")
-    typer.echo(f'export PATH={shlex.quote(str(info.lakectl.parent))}:"$PATH"')
+        typer.echo(f"export {key}={_single_quoted(value)}")
+    typer.echo(f'export PATH={_single_quoted(str(info.lakectl.parent))}:"$PATH"')
+    if sys.stdout.isatty():
+        typer.echo('# apply with: eval "$(perago dev env)"', err=True)

@@ -1,12 +1,16 @@
 """Start, stop and describe the local stack: lakeFS and Conductor as processes on 127.0.0.1.
 
-lakeFS runs with its embedded local KV and local blockstore; Conductor with its embedded
-SQLite store. Pids, logs and data stay in the stack folder; ``down`` stops exactly the
-processes ``up`` started (a pid is only signalled if its command line names this stack).
+lakeFS runs with its embedded local KV store and local blockstore, Conductor with its embedded
+SQLite store, so nothing but the stack folder holds state. The processes are detached (their
+own session) and outlive the command that started them; ``down`` stops exactly the processes
+``up`` started: a pid from a pid file is signalled only while its command line is still this
+stack's binary, so a recycled pid is never touched.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -15,22 +19,51 @@ import signal
 import socket
 import string
 import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from perago.dev.build import build, conductor_jar, find_java
-from perago.dev.paths import StackPaths, stack_paths
+from perago.dev.build import build, conductor_jar, find_java, step
+from perago.dev.paths import SERVICES, StackPaths, stack_paths
 from perago.errors import StackError
 
-__all__ = ["ServiceStatus", "StackInfo", "down", "info", "status", "up"]
+__all__ = [
+    "Credentials",
+    "ServiceStatus",
+    "StackInfo",
+    "conductor_command",
+    "down",
+    "info",
+    "load_credentials",
+    "parse_port",
+    "render_lakefs_config",
+    "resolve_ports",
+    "restart",
+    "status",
+    "up",
+]
 
-SERVICES = ("lakefs", "conductor")
+HOST = "127.0.0.1"
+DEFAULT_PORTS = {"lakefs": 18000, "conductor": 18080}
+PORT_ENV = {"lakefs": "PERAGO_LAKEFS_PORT", "conductor": "PERAGO_CONDUCTOR_PORT"}
+HEALTH_TIMEOUTS = {"lakefs": 60.0, "conductor": 180.0}
+TITLES = {"lakefs": "lakeFS", "conductor": "Conductor"}
+STOP_GRACE_SECONDS = 15.0
+_TAIL_LINES = 20
+
+# Popen objects of processes started by this interpreter: kept so they are reaped after
+# ``down`` (no zombies for /proc checks) and never garbage-collected while running.
+_children: dict[int, subprocess.Popen[bytes]] = {}
 
 
 @dataclass(frozen=True)
 class StackInfo:
+    """How to reach the stack; ``env()`` is what ``perago dev env`` exports."""
+
     lakefs_endpoint: str
     conductor_url: str
     access_key_id: str
@@ -56,229 +89,464 @@ class ServiceStatus:
     healthy: bool
 
 
+# -- credentials and ports ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """lakeFS's admin keys and its KV encryption secret: fixed once the data exists."""
+
+    access_key_id: str
+    secret_access_key: str
+    encrypt_secret: str
+
+
 def _random(n: int, alphabet: str) -> str:
     return "".join(secrets.choice(alphabet) for _ in range(n))
 
 
-def _config(paths: StackPaths) -> dict[str, str]:
-    """Credentials and ports, generated once per stack folder and kept (mode 0600)."""
-    if paths.credentials.exists():
-        saved: dict[str, str] = json.loads(paths.credentials.read_text())
-        return saved
-    upper = string.ascii_uppercase + string.digits
-    config = {
-        "access_key_id": "AKIA" + _random(16, upper),
-        "secret_access_key": _random(40, string.ascii_letters + string.digits),
-        "encrypt_secret": _random(32, string.ascii_letters + string.digits),
-        "lakefs_port": os.environ.get("PERAGO_LAKEFS_PORT", "18000"),
-        "conductor_port": os.environ.get("PERAGO_CONDUCTOR_PORT", "18080"),
-    }
-    paths.credentials.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(paths.credentials, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by the owner only, replacing ``path`` atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(config, f)
-    return config
+        f.write(text)
+    os.chmod(partial, 0o600)
+    os.replace(partial, path)
 
 
-def info() -> StackInfo:
-    paths = stack_paths()
-    c = _config(paths)
-    return StackInfo(
-        lakefs_endpoint=f"http://127.0.0.1:{c['lakefs_port']}",
-        conductor_url=f"http://127.0.0.1:{c['conductor_port']}/api",
-        access_key_id=c["access_key_id"],
-        secret_access_key=c["secret_access_key"],
-        lakectl=paths.bin / "lakectl",
-        stack_dir=paths.stack,
+def _read_json(path: Path) -> dict[str, object]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise StackError(
+            f"{path} is unreadable ({e}); fix or delete it (deleting credentials.json needs "
+            "`perago dev down --wipe` too, the lakeFS data is bound to its keys)"
+        ) from e
+    return data if isinstance(data, dict) else {}
+
+
+def load_credentials(path: Path) -> Credentials:
+    """The stack's credentials, generated on first use and kept in ``path`` (mode 0600)."""
+    saved = _read_json(path)
+    try:
+        return Credentials(
+            access_key_id=str(saved["access_key_id"]),
+            secret_access_key=str(saved["secret_access_key"]),
+            encrypt_secret=str(saved["encrypt_secret"]),
+        )
+    except KeyError:
+        pass
+    upper = string.ascii_uppercase + string.digits
+    alnum = string.ascii_letters + string.digits
+    creds = Credentials(
+        access_key_id="AKIA" + _random(16, upper),
+        secret_access_key=_random(40, alnum),
+        encrypt_secret=_random(48, alnum),
+    )
+    _write_private(path, json.dumps(creds.__dict__, indent=2) + "\n")
+    return creds
+
+
+def parse_port(value: str, *, name: str) -> int:
+    """A TCP port from an environment variable, or a StackError naming the variable."""
+    try:
+        port = int(value.strip())
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise StackError(f"{name}={value!r} is not a TCP port; set it to a number in 1-65535")
+    return port
+
+
+def _saved_ports(paths: StackPaths) -> dict[str, int]:
+    saved = _read_json(paths.ports)
+    if not saved:  # stacks made before ports.json kept them beside the credentials
+        legacy = _read_json(paths.credentials)
+        saved = {s: legacy[f"{s}_port"] for s in SERVICES if f"{s}_port" in legacy}
+    ports = dict(DEFAULT_PORTS)
+    for service in SERVICES:
+        value = saved.get(service)
+        if isinstance(value, int | str):
+            ports[service] = parse_port(str(value), name=f"{service} in {paths.ports}")
+    return ports
+
+
+def resolve_ports(
+    paths: StackPaths, env: Mapping[str, str], *, running: frozenset[str] = frozenset()
+) -> dict[str, int]:
+    """Ports: a running service keeps its saved port; else PERAGO_*_PORT, saved, default."""
+    ports = _saved_ports(paths)
+    for service in SERVICES:
+        requested = env.get(PORT_ENV[service])
+        if requested and service not in running:
+            ports[service] = parse_port(requested, name=PORT_ENV[service])
+    if ports["lakefs"] == ports["conductor"]:
+        raise StackError(
+            f"lakeFS and Conductor cannot share port {ports['lakefs']}; set "
+            "PERAGO_LAKEFS_PORT and PERAGO_CONDUCTOR_PORT to different ports"
+        )
+    return ports
+
+
+# -- what runs --------------------------------------------------------------------------------
+
+
+def render_lakefs_config(*, data: Path, port: int, credentials: Credentials) -> str:
+    """lakeFS's config: loopback only, local KV and blockstore, no phoning home."""
+    q = json.dumps  # a JSON string is a valid YAML double-quoted scalar
+    c = credentials
+    return (
+        f"listen_address: {q(f'{HOST}:{port}')}\n"
+        f"database: {{ type: local, local: {{ path: {q(str(data / 'metadata'))} }} }}\n"
+        f"blockstore: {{ type: local, local: {{ path: {q(str(data / 'block'))} }} }}\n"
+        f"committed: {{ local_cache: {{ dir: {q(str(data / 'cache'))} }} }}\n"
+        f"auth: {{ encrypt: {{ secret_key: {q(c.encrypt_secret)} }} }}\n"
+        f"installation: {{ user_name: perago, access_key_id: {q(c.access_key_id)}, "
+        f"secret_access_key: {q(c.secret_access_key)} }}\n"
+        "gateways: { s3: { region: us-east-1 } }\n"
+        "stats: { enabled: false }\n"
+        "security: { check_latest_version: false }\n"
+        "email_subscription: { enabled: false }\n"
     )
 
 
-def _lakefs_yaml(paths: StackPaths, c: dict[str, str]) -> Path:
-    data = paths.data / "lakefs"
-    text = f"""\
-listen_address: "127.0.0.1:{c["lakefs_port"]}"
-database: {{ type: local, local: {{ path: "{data}/metadata" }} }}
-blockstore: {{ type: local, local: {{ path: "{data}/block" }} }}
-committed: {{ local_cache: {{ dir: "{data}/cache" }} }}
-auth: {{ encrypt: {{ secret_key: "{c["encrypt_secret"]}" }} }}
-installation: {{ user_name: perago, access_key_id: "{c["access_key_id"]}", \
-secret_access_key: "{c["secret_access_key"]}" }}
-stats: {{ enabled: false }}
-security: {{ check_latest_version: false }}
-email_subscription: {{ enabled: false }}
-"""
-    path = paths.run / "lakefs.yaml"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
-
-
-def _command(paths: StackPaths, service: str, c: dict[str, str]) -> tuple[list[str], Path]:
-    if service == "lakefs":
-        (paths.data / "lakefs").mkdir(parents=True, exist_ok=True)
-        return [str(paths.bin / "lakefs"), "run", "-c", str(_lakefs_yaml(paths, c))], paths.stack
-    jar = conductor_jar(paths)
-    if jar is None:
-        raise StackError("the Conductor server jar is missing: run `perago dev build`")
-    data = paths.data / "conductor"
-    data.mkdir(parents=True, exist_ok=True)
+def conductor_command(*, java: Path, jar: Path, data: Path, port: int) -> list[str]:
+    """Conductor on loopback with its embedded SQLite store, tuned for a quick local start."""
+    db = f"jdbc:sqlite:{data / 'conductor.db'}?busy_timeout=15000&journal_mode=WAL"
     return [
-        str(find_java()),
+        str(java),
+        # A small single-user server: the serial GC starts it as fast with ~100 MB less memory.
+        "-XX:+UseSerialGC",
         "-Xms256m",
-        "-Xmx1536m",
+        "-Xmx1g",
         "-jar",
         str(jar),
-        f"--server.port={c['conductor_port']}",
-        "--server.address=127.0.0.1",
-        f"--spring.datasource.url=jdbc:sqlite:{data}/conductor.db"
-        "?busy_timeout=15000&journal_mode=WAL",
+        f"--server.port={port}",
+        f"--server.address={HOST}",
+        f"--spring.datasource.url={db}",
         "--conductor.db.type=sqlite",
         "--conductor.queue.type=sqlite",
         "--conductor.indexing.type=sqlite",
         "--conductor.workflow-execution-lock.type=local_only",
         "--conductor.app.ownerEmailMandatory=false",
-    ], data
+        "--conductor.integrations.ai.enabled=false",
+        "--conductor.scheduler.enabled=false",
+        # One sweeper thread polling twice a second instead of 2 x CPUs threads polling every
+        # 100 ms: idle CPU drops from ~12 % to ~5 % of a core, sweeps start <= 1 s late.
+        "--conductor.app.sweeperThreadCount=1",
+        "--conductor.app.sweeper.queuePopTimeout=500",
+    ]
 
 
-def _health_url(service: str, c: dict[str, str]) -> str:
-    if service == "lakefs":
-        return f"http://127.0.0.1:{c['lakefs_port']}/api/v1/healthcheck"
-    return f"http://127.0.0.1:{c['conductor_port']}/health"
+def _endpoint(service: str, port: int) -> str:
+    return f"http://{HOST}:{port}" + ("/api" if service == "conductor" else "")
 
 
-def _port(service: str, c: dict[str, str]) -> int:
-    return int(c[f"{service}_port"])
+def _health_url(service: str, port: int) -> str:
+    path = "/api/v1/healthcheck" if service == "lakefs" else "/health"
+    return f"http://{HOST}:{port}{path}"
+
+
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
 
 def _healthy(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return bool(200 <= r.status < 300)
-    except OSError:
+        with _opener.open(url, timeout=2) as r:
+            return 200 <= int(r.status) < 300
+    except (OSError, urllib.error.URLError, ValueError):
         return False
 
 
-def _ours(paths: StackPaths, pid: int) -> bool:
-    """Is ``pid`` a live process started for this stack folder (not a recycled pid)?"""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
+def _cmdline(pid: int) -> list[str] | None:
+    """The live process's argv, or None if it is gone (zombies count as gone)."""
+    proc = Path(f"/proc/{pid}")
+    if Path("/proc/self").exists():
+        try:
+            raw = (proc / "cmdline").read_bytes()
+        except OSError:
+            return None
+        return raw.decode(errors="replace").split("\0")[:-1] or None
+    done = subprocess.run(  # no /proc (macOS): ps is the portable way
+        ["ps", "-ww", "-o", "command=", "-p", str(pid)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.split() or None
+
+
+def _ours(paths: StackPaths, service: str, pid: int) -> bool:
+    """Is ``pid`` alive and still this stack's ``service`` (and not a recycled pid)?"""
+    argv = _cmdline(pid)
+    if not argv:
         return False
-    return str(paths.stack) in cmdline or str(paths.bin) in cmdline
+    if service == "lakefs":
+        return argv[0] == str(paths.bin / "lakefs")
+    jars = str(paths.conductor_jars) + os.sep
+    return any(a.startswith(jars) and a.endswith(".jar") for a in argv)
+
+
+def _alive(paths: StackPaths, service: str, pid: int) -> bool:
+    """Is the service process ``pid`` still running?"""
+    proc = _children.get(pid)
+    if proc is not None:  # ours for sure, and maybe not yet exec'd: its argv is still Python's
+        return proc.poll() is None
+    return _ours(paths, service, pid)
 
 
 def _pid(paths: StackPaths, service: str) -> int | None:
+    """The verified pid of a running service, from its pid file."""
     try:
         pid = int(paths.pid_file(service).read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if _ours(paths, pid) else None
+    return pid if _alive(paths, service, pid) else None
 
 
-def _port_busy(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+def _running(paths: StackPaths) -> dict[str, int]:
+    return {s: pid for s in SERVICES if (pid := _pid(paths, s)) is not None}
 
 
-def _start(paths: StackPaths, service: str, c: dict[str, str]) -> subprocess.Popen[bytes]:
-    port = _port(service, c)
-    if _port_busy(port):
-        env_name = f"PERAGO_{service.upper()}_PORT"
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@contextlib.contextmanager
+def _locked(paths: StackPaths) -> Iterator[None]:
+    """One ``up``/``down`` at a time per stack folder (two terminals, parallel test runs)."""
+    paths.run.mkdir(parents=True, exist_ok=True)
+    with (paths.run / ".lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _check_port_free(service: str, port: int) -> None:
+    if not _port_free(port):
         raise StackError(
-            f"port {port} for {service} is in use by another process; stop it, or delete "
-            f"{paths.credentials} and set {env_name} to a free port"
+            f"port {port} is in use by another process; stop it or set {PORT_ENV[service]}"
         )
-    cmd, cwd = _command(paths, service, c)
-    log = paths.log_file(service).open("ab")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFS_")}
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
-    )
-    paths.pid_file(service).write_text(str(proc.pid))
-    return proc
 
 
-def _wait_healthy(
-    paths: StackPaths,
-    service: str,
-    c: dict[str, str],
-    timeout: float,
-    proc: subprocess.Popen[bytes] | None = None,
-) -> None:
+def _start(paths: StackPaths, service: str, port: int, creds: Credentials) -> int:
+    _check_port_free(service, port)
+    data = paths.data / service
+    data.mkdir(parents=True, exist_ok=True)
+    if service == "lakefs":
+        _write_private(
+            paths.lakefs_config, render_lakefs_config(data=data, port=port, credentials=creds)
+        )
+        cmd = [str(paths.bin / "lakefs"), "run", "-c", str(paths.lakefs_config)]
+        # lakeFS reads LAKEFS_* over its config file: the stack's config must be all there is.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFS_")}
+    else:
+        jar = conductor_jar(paths)
+        if jar is None:
+            raise StackError("the Conductor server jar is missing: run `perago dev build`")
+        cmd = conductor_command(java=find_java(), jar=jar, data=data, port=port)
+        # Spring maps SPRING_*/CONDUCTOR_* variables onto properties; keep the user's out.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SPRING_", "CONDUCTOR_", "SERVER_"))
+        }
+    log = paths.log_file(service)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} perago dev up: ".encode())
+        out.write(" ".join(cmd).encode() + b"\n")
+        out.flush()
+        proc = subprocess.Popen(
+            cmd,
+            cwd=data,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group, no SIGINT from the terminal
+        )
+    _children[proc.pid] = proc
+    paths.pid_file(service).write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _wait_healthy(paths: StackPaths, service: str, pid: int, port: int, timeout: float) -> None:
+    url = _health_url(service, port)
     deadline = time.monotonic() + timeout
-    url = _health_url(service, c)
-    while time.monotonic() < deadline:
+    while True:
         if _healthy(url):
             return
-        if proc is not None and proc.poll() is not None:
-            timeout = -1  # it exited: say so below instead of waiting on
+        alive = _alive(paths, service, pid)
+        if not alive or time.monotonic() > deadline:
             break
-        time.sleep(0.5)
-    tail = (
-        "\n".join(paths.log_file(service).read_text(errors="replace").splitlines()[-20:])
-        if paths.log_file(service).exists()
-        else ""
+        time.sleep(0.25)
+    log = paths.log_file(service)
+    what = "exited" if not alive else f"did not answer {url} within {timeout:.0f}s"
+    if alive:
+        _stop_all(paths, [service])
+    raise StackError(
+        f"{TITLES[service]} {what}; last lines of {log}:\n{_tail(log)}\n"
+        f"fix the cause (see the full log) and run `perago dev up` again"
     )
-    what = "exited" if timeout < 0 else f"did not become healthy at {url} within {timeout:.0f}s"
-    raise StackError(f"{service} {what}; last log lines ({paths.log_file(service)}):\n{tail}")
+
+
+def _check_ports_unchanged(ports: Mapping[str, int], running: Mapping[str, int]) -> None:
+    for service in running:
+        requested = os.environ.get(PORT_ENV[service])
+        if requested and parse_port(requested, name=PORT_ENV[service]) != ports[service]:
+            raise StackError(
+                f"{TITLES[service]} is running on port {ports[service]} but "
+                f"{PORT_ENV[service]}={requested}; run `perago dev down` first to move it"
+            )
+
+
+def _save_ports(paths: StackPaths, ports: Mapping[str, int]) -> None:
+    _write_private(paths.ports, json.dumps(dict(ports), indent=2) + "\n")
+
+
+def _say(message: str, progress: bool) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)
 
 
 def up(*, progress: bool = False) -> StackInfo:
     """Build if needed, start what is not running, wait until both answer. Idempotent."""
-    paths = build(progress=progress)
-    c = _config(paths)
-    started: dict[str, subprocess.Popen[bytes]] = {}
-    for service in SERVICES:
-        if _pid(paths, service) is None:
-            started[service] = _start(paths, service, c)
-    for service, timeout in (("lakefs", 60.0), ("conductor", 240.0)):
-        _wait_healthy(paths, service, c, timeout, started.get(service))
+    paths = stack_paths()
+    binaries = [paths.bin / "lakefs", paths.bin / "lakectl"]
+    if paths.root is not None or not all(b.exists() for b in binaries):
+        build(progress=progress)
+    paths.make()
+    with _locked(paths):
+        running = _running(paths)
+        ports = resolve_ports(paths, os.environ, running=frozenset(running))
+        _check_ports_unchanged(ports, running)
+        _save_ports(paths, ports)
+        creds = load_credentials(paths.credentials)
+        for service in SERVICES:  # before starting anything: fail without leftovers
+            if service not in running:
+                _check_port_free(service, ports[service])
+        pids = dict(running)
+        for service in SERVICES:
+            if service in running:
+                _say(f"{TITLES[service]} already running (pid {running[service]})", progress)
+            else:
+                pids[service] = _start(paths, service, ports[service], creds)
+        for service in SERVICES:
+            message = f"starting {TITLES[service]} on {_endpoint(service, ports[service])}"
+            with step(message, progress=progress and service not in running):
+                _wait_healthy(
+                    paths, service, pids[service], ports[service], HEALTH_TIMEOUTS[service]
+                )
     return info()
 
 
-def _stop(paths: StackPaths, service: str) -> bool:
-    pid = _pid(paths, service)
-    paths.pid_file(service).unlink(missing_ok=True)
-    if pid is None:
-        return False
-    os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and _ours(paths, pid):
-        time.sleep(0.2)
-    if _ours(paths, pid):
-        os.killpg(pid, signal.SIGKILL)
-        while _ours(paths, pid):
-            time.sleep(0.1)
-    return True
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        # start_new_session made each service a process group: stop helpers too
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def _reap(pid: int) -> None:
+    proc = _children.get(pid)
+    if proc is not None:
+        if proc.poll() is not None:
+            del _children[pid]
+        return
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _stop_all(paths: StackPaths, services: list[str]) -> list[str]:
+    """SIGTERM, then SIGKILL after the grace period; return once every process is gone."""
+    pids = {s: pid for s in services if (pid := _pid(paths, s)) is not None}
+    for pid in pids.values():
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    killed = False
+    while True:
+        for pid in pids.values():
+            _reap(pid)
+        alive = [s for s, pid in pids.items() if _alive(paths, s, pid)]
+        if not alive:
+            break
+        if not killed and time.monotonic() > deadline:
+            for s in alive:
+                _signal(pids[s], signal.SIGKILL)
+            killed = True
+        time.sleep(0.1)
+    for service in services:
+        paths.pid_file(service).unlink(missing_ok=True)
+    return [s for s in SERVICES if s in pids]
 
 
 def down(*, wipe: bool = False) -> list[str]:
-    """Stop exactly the processes this stack started; with ``wipe`` delete its data too."""
+    """Stop exactly the processes this stack started; ``wipe`` also deletes its data."""
     paths = stack_paths()
-    stopped = [s for s in SERVICES if _stop(paths, s)]
-    if wipe:
-        shutil.rmtree(paths.data, ignore_errors=True)
+    with _locked(paths):
+        stopped = _stop_all(paths, list(reversed(SERVICES)))
+        if wipe:
+            shutil.rmtree(paths.data, ignore_errors=True)
     return stopped
 
 
 def restart(service: str) -> None:
-    """Stop and start one service (tests kill servers mid-attempt with this)."""
+    """Stop one service and start it again (tests take servers away mid-attempt)."""
     paths = stack_paths()
-    c = _config(paths)
-    _stop(paths, service)
-    _wait_healthy(paths, service, c, 240.0, _start(paths, service, c))
+    with _locked(paths):
+        ports = resolve_ports(paths, {}, running=frozenset(SERVICES))
+        _stop_all(paths, [service])
+        pid = _start(paths, service, ports[service], load_credentials(paths.credentials))
+        _wait_healthy(paths, service, pid, ports[service], HEALTH_TIMEOUTS[service])
 
 
 def status() -> dict[str, ServiceStatus]:
+    """Each service: is our process running, its pid, its URL, does it answer its health check."""
     paths = stack_paths()
-    c = _config(paths)
+    running = _running(paths)
+    ports = resolve_ports(paths, os.environ, running=frozenset(running))
     result = {}
     for service in SERVICES:
-        pid = _pid(paths, service)
-        url = _health_url(service, c)
-        result[service] = ServiceStatus(
-            service, pid is not None, pid, url, pid is not None and _healthy(url)
-        )
+        pid = running.get(service)
+        healthy = pid is not None and _healthy(_health_url(service, ports[service]))
+        url = _endpoint(service, ports[service])
+        result[service] = ServiceStatus(service, pid is not None, pid, url, healthy)
     return result
+
+
+def info() -> StackInfo:
+    """Where the stack is (or will be) and its credentials; starts nothing."""
+    paths = stack_paths()
+    running = _running(paths)
+    ports = resolve_ports(paths, os.environ, running=frozenset(running))
+    creds = load_credentials(paths.credentials)
+    return StackInfo(
+        lakefs_endpoint=_endpoint("lakefs", ports["lakefs"]),
+        conductor_url=_endpoint("conductor", ports["conductor"]),
+        access_key_id=creds.access_key_id,
+        secret_access_key=creds.secret_access_key,
+        lakectl=paths.bin / "lakectl",
+        stack_dir=paths.stack,
+    )

@@ -1,14 +1,17 @@
 """The local stack itself: both servers, the SDKs against them, Spark, and `perago dev`.
 
-These run first (module name) and prove the real parts the rest of the suite relies on.
+Everything here runs against the real processes ``perago dev up`` starts; the last test stops
+the stack and starts it again, leaving it up for the modules that follow.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import lakefs_sdk
@@ -27,63 +30,104 @@ from conductor.client.http.models import (
 )
 
 from perago.dev import stack
+from perago.errors import StackError
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
+
+PERAGO = Path(sys.executable).parent / "perago"
 
 
-def test_both_servers_answer_health_checks(stack_env: dict[str, str]) -> None:
-    states = stack.status()
-    assert states["lakefs"].running and states["lakefs"].healthy
-    assert states["conductor"].running and states["conductor"].healthy
+def _start_stack() -> stack.StackInfo:
+    try:
+        return stack.up()
+    except StackError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"the local stack did not start: {e.message}")
+        pytest.skip(f"the local stack is not available ({e.message}); see docs/local-stack.md")
 
 
-def test_lakefs_sdk_repository_branch_upload_commit_merge_reset(
-    stack_env: dict[str, str], tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def info() -> stack.StackInfo:
+    return _start_stack()
+
+
+@pytest.fixture
+def lakefs(info: stack.StackInfo) -> Iterator[lakefs_sdk.ApiClient]:
     cfg = lakefs_sdk.Configuration(
-        host=stack_env["LAKECTL_SERVER_ENDPOINT_URL"] + "/api/v1",
-        username=stack_env["LAKECTL_CREDENTIALS_ACCESS_KEY_ID"],
-        password=stack_env["LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY"],
+        host=f"{info.lakefs_endpoint}/api/v1",
+        username=info.access_key_id,
+        password=info.secret_access_key,
     )
     with lakefs_sdk.ApiClient(cfg) as client:
-        repos, branches = lakefs_sdk.RepositoriesApi(client), lakefs_sdk.BranchesApi(client)
-        objects, commits = lakefs_sdk.ObjectsApi(client), lakefs_sdk.CommitsApi(client)
-        refs, experimental = lakefs_sdk.RefsApi(client), lakefs_sdk.ExperimentalApi(client)
-        name = "stack-" + uuid.uuid4().hex[:8]
-        repos.create_repository(
-            lakefs_sdk.RepositoryCreation(name=name, storage_namespace=f"local://{name}")
-        )
-        try:
-            base = branches.get_branch(name, "main").commit_id
-            branches.create_branch(name, lakefs_sdk.BranchCreation(name="feature", source="main"))
-            (tmp_path / "a.txt").write_bytes(b"hello")
-            objects.upload_object(name, "feature", "a.txt", content=str(tmp_path / "a.txt"))
-            c = commits.commit(name, "feature", lakefs_sdk.CommitCreation(message="add a"))
-            assert c.parents == [base]
-            merged = refs.merge_into_branch(
-                name, "feature", "main", merge=lakefs_sdk.Merge(message="m")
-            ).reference
-            merge_commit = commits.get_commit(name, merged)
-            assert merge_commit.parents == [base, c.id]  # never a fast-forward
-            assert bytes(objects.get_object(name, "main", "a.txt")) == b"hello"
-            experimental.hard_reset_branch(name, "main", base)
-            assert branches.get_branch(name, "main").commit_id == base
-        finally:
-            repos.delete_repository(name)
+        yield client
 
 
-def test_conductor_sdk_register_start_poll_complete(stack_env: dict[str, str]) -> None:
-    client = ApiClient(Configuration(server_api_url=stack_env["CONDUCTOR_SERVER_URL"]))
-    metadata, workflows, tasks = (
-        MetadataResourceApi(client),
-        WorkflowResourceApi(client),
-        TaskResourceApi(client),
+def _repo_name() -> str:
+    return "stack-" + uuid.uuid4().hex[:10]
+
+
+def test_both_servers_answer_health_checks(info: stack.StackInfo) -> None:
+    states = stack.status()
+    assert {name: (s.running, s.healthy) for name, s in states.items()} == {
+        "lakefs": (True, True),
+        "conductor": (True, True),
+    }
+    assert states["lakefs"].url == info.lakefs_endpoint
+    assert states["conductor"].url == info.conductor_url
+    assert all(s.pid is not None for s in states.values())
+
+
+def test_up_again_reuses_the_running_stack(info: stack.StackInfo) -> None:
+    pids = {name: s.pid for name, s in stack.status().items()}
+    started = time.monotonic()
+    assert stack.up() == info
+    assert time.monotonic() - started < 10
+    assert {name: s.pid for name, s in stack.status().items()} == pids
+
+
+def test_lakefs_repository_branch_upload_commit_merge_reset(
+    lakefs: lakefs_sdk.ApiClient, tmp_path: Path
+) -> None:
+    repos, branches = lakefs_sdk.RepositoriesApi(lakefs), lakefs_sdk.BranchesApi(lakefs)
+    objects, commits = lakefs_sdk.ObjectsApi(lakefs), lakefs_sdk.CommitsApi(lakefs)
+    refs, experimental = lakefs_sdk.RefsApi(lakefs), lakefs_sdk.ExperimentalApi(lakefs)
+    name = _repo_name()
+    repos.create_repository(
+        lakefs_sdk.RepositoryCreation(name=name, storage_namespace=f"local://{name}")
     )
-    suffix = uuid.uuid4().hex[:8]
+    try:
+        base = branches.get_branch(name, "main").commit_id
+        branches.create_branch(name, lakefs_sdk.BranchCreation(name="feature", source="main"))
+        assert branches.get_branch(name, "feature").commit_id == base
+
+        (tmp_path / "a.txt").write_bytes(b"hello")
+        objects.upload_object(name, "feature", "a.txt", content=str(tmp_path / "a.txt"))
+        added = commits.commit(name, "feature", lakefs_sdk.CommitCreation(message="add a"))
+        assert added.parents == [base]
+        assert branches.get_branch(name, "feature").commit_id == added.id
+
+        merge = lakefs_sdk.Merge(message="merge feature")
+        merged = refs.merge_into_branch(name, "feature", "main", merge=merge).reference
+        assert branches.get_branch(name, "main").commit_id == merged
+        assert commits.get_commit(name, merged).parents == [base, added.id]
+        assert bytes(objects.get_object(name, "main", "a.txt")) == b"hello"
+
+        # lakefs-sdk 1.88 serves hard reset from ExperimentalApi (not BranchesApi)
+        experimental.hard_reset_branch(name, "main", base)
+        assert branches.get_branch(name, "main").commit_id == base
+        assert branches.get_branch(name, "feature").commit_id == added.id
+    finally:
+        repos.delete_repository(name)
+
+
+def test_conductor_register_start_poll_complete(info: stack.StackInfo) -> None:
+    client = ApiClient(Configuration(server_api_url=info.conductor_url))
+    metadata, workflows = MetadataResourceApi(client), WorkflowResourceApi(client)
+    tasks = TaskResourceApi(client)
+    suffix = uuid.uuid4().hex[:10]
     task_name, wf_name = f"stack_task_{suffix}", f"stack_wf_{suffix}"
     metadata.register_task_def(
-        [TaskDef(name=task_name, timeout_seconds=60, response_timeout_seconds=30)]
+        [TaskDef(name=task_name, timeout_seconds=120, response_timeout_seconds=60)]
     )
     metadata.update1(
         [
@@ -91,33 +135,80 @@ def test_conductor_sdk_register_start_poll_complete(stack_env: dict[str, str]) -
                 name=wf_name,
                 version=1,
                 owner_email="perago@example.com",
-                timeout_seconds=60,
-                tasks=[WorkflowTask(name=task_name, task_reference_name="only", type="SIMPLE")],
+                timeout_seconds=120,
+                tasks=[
+                    WorkflowTask(
+                        name=task_name,
+                        task_reference_name="only",
+                        type="SIMPLE",
+                        input_parameters={"x": "${workflow.input.x}"},
+                    )
+                ],
             )
         ]
     )
-    wid = workflows.start_workflow(StartWorkflowRequest(name=wf_name, version=1, input={"x": 1}))
-    deadline = time.monotonic() + 30
-    polled = []
-    while not polled and time.monotonic() < deadline:
-        polled = tasks.batch_poll(task_name, workerid="stack-test", count=1, timeout=500) or []
-    assert polled, "no task was handed out"
-    t = polled[0]
-    tasks.update_task(
-        TaskResult(
-            workflow_instance_id=wid,
-            task_id=t.task_id,
-            status="COMPLETED",
-            output_data={"ok": True},
-            worker_id="stack-test",
+    try:
+        wid = workflows.start_workflow(
+            StartWorkflowRequest(name=wf_name, version=1, input={"x": 1})
         )
+        deadline = time.monotonic() + 30
+        polled: list[object] = []
+        while not polled and time.monotonic() < deadline:
+            polled = tasks.batch_poll(task_name, workerid="stack-test", count=1, timeout=500) or []
+        assert len(polled) == 1, "Conductor handed out no task within 30 s"
+        task = polled[0]
+        assert task.workflow_instance_id == wid  # type: ignore[attr-defined]
+        assert task.input_data == {"x": 1}  # type: ignore[attr-defined]
+        tasks.update_task(
+            TaskResult(
+                workflow_instance_id=wid,
+                task_id=task.task_id,  # type: ignore[attr-defined]
+                status="COMPLETED",
+                output_data={"ok": True},
+                worker_id="stack-test",
+            )
+        )
+        state = ""
+        while time.monotonic() < deadline:
+            state = workflows.get_execution_status(wid, include_tasks=False).status
+            if state == "COMPLETED":
+                break
+            time.sleep(0.2)
+        assert state == "COMPLETED"
+        assert workflows.get_execution_status(wid, include_tasks=False).output == {"ok": True}
+    finally:
+        metadata.unregister_workflow_def(wf_name, 1)
+        metadata.unregister_task_def(task_name)
+
+
+def test_dev_env_makes_lakectl_work_in_a_shell(
+    info: stack.StackInfo, lakefs: lakefs_sdk.ApiClient, tmp_path: Path
+) -> None:
+    name = _repo_name()
+    script = (
+        f'eval "$({PERAGO} dev env)" && '
+        f"lakectl repo create lakefs://{name} local://{name} >/dev/null && "
+        "lakectl repo list"
     )
-    while time.monotonic() < deadline:
-        wf = workflows.get_execution_status(wid, include_tasks=False)
-        if wf.status == "COMPLETED":
-            break
-        time.sleep(0.3)
-    assert wf.status == "COMPLETED"
+    # only what `perago dev env` exports: no lakectl config or credentials of the user's
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKECTL_")}
+    env |= {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    try:
+        done = subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert name in done.stdout
+    finally:
+        lakefs_sdk.RepositoriesApi(lakefs).delete_repository(name)
+
+
+def test_dev_status_cli(info: stack.StackInfo) -> None:
+    done = subprocess.run(
+        [str(PERAGO), "dev", "status"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "lakefs     healthy" in done.stdout and "conductor  healthy" in done.stdout
 
 
 @pytest.mark.spark
@@ -132,41 +223,38 @@ def test_spark_local_session_writes_and_reads_parquet(tmp_path: Path) -> None:
         .getOrCreate()
     )
     try:
-        spark.range(1000).selectExpr("id", "id * 2 AS twice").write.parquet(str(tmp_path / "p"))
-        back = spark.read.parquet(str(tmp_path / "p"))
+        out = str(tmp_path / "rows.parquet")
+        spark.range(1000).selectExpr("id", "id * 2 AS twice").write.parquet(out)
+        back = spark.read.parquet(out)
         assert back.count() == 1000
         assert back.agg({"twice": "sum"}).collect()[0][0] == 999 * 1000
     finally:
         spark.stop()
 
 
-def test_dev_env_makes_lakectl_work(stack_env: dict[str, str]) -> None:
-    done = subprocess.run(
-        ["bash", "-c", f'eval "$({ROOT}/.venv/bin/perago dev env)" && lakectl repo list'],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if not k.startswith("LAKECTL_")},
-    )
-    assert done.returncode == 0, done.stderr
-
-
-def test_zz_down_leaves_nothing_then_up_again(stack_env: dict[str, str]) -> None:
-    """Runs last in this module: the other modules find the stack up again afterwards."""
-    if os.environ.get("PERAGO_TEST_STACK_FROM_ENV"):
-        pytest.skip("the stack was given from the environment; it is not ours to stop")
-    stack_dir = str(stack.info().stack_dir)
-    assert set(stack.down()) == {"lakefs", "conductor"}
-    leftovers = []
+def _stack_processes(stack_dir: Path) -> list[str]:
+    """Command lines of live processes running this stack's binaries or jars."""
+    owned = (f"{stack_dir}/bin/", f"{stack_dir}/conductor/")
+    found = []
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if stack_dir in cmd:
-                leftovers.append(cmd)
-    assert leftovers == []
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a.startswith(owned) for a in argv):
+            found.append(" ".join(argv))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="checks processes through /proc")
+def test_zz_down_leaves_nothing_then_up_again(info: stack.StackInfo) -> None:
+    """Runs last in this module; the stack is up again for the modules that follow."""
+    assert _stack_processes(info.stack_dir), "the stack's processes should be visible"
+    assert stack.down() == ["lakefs", "conductor"]
+    assert _stack_processes(info.stack_dir) == []
     assert not any(s.running for s in stack.status().values())
-    stack.up()
+    assert stack.down() == []  # nothing left to stop
+    assert stack.up() == info
     assert all(s.healthy for s in stack.status().values())

@@ -1,0 +1,242 @@
+"""The coordination contract on in-process stores, and the parts only unit tests can reach."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from perago.coord import (
+    KINDS,
+    CoordStore,
+    MemoryStore,
+    PredicateFailedError,
+    Versioned,
+    build_store,
+    generation,
+)
+from perago.coord.generations import GenerationLogStore
+from perago.coord.put_and_verify import (
+    INTENT,
+    MemoryObjects,
+    PutAndVerify,
+    PutAndVerifyStore,
+    RWLock,
+    TargetExistsError,
+)
+from perago.coord.store import check_key
+from perago.errors import ConfigError
+from tests.coord_contract import Clock, CoordContract, FakeClock
+
+
+class TestMemoryStore(CoordContract):
+    @pytest.fixture
+    def coord(self) -> Iterator[CoordStore]:
+        yield MemoryStore()
+
+    @pytest.fixture
+    def clock(self) -> Clock:
+        return FakeClock()
+
+    @pytest.fixture
+    def lease_ttl(self) -> timedelta:
+        return timedelta(seconds=30)
+
+
+class TestPutAndVerifyOnMemoryObjects(CoordContract):
+    """The generation log and the exclusive-write protocol, without a server."""
+
+    @pytest.fixture
+    def coord(self) -> Iterator[CoordStore]:
+        yield PutAndVerifyStore(MemoryObjects(), root="coord")
+
+    @pytest.fixture
+    def clock(self) -> Clock:
+        return FakeClock()
+
+    @pytest.fixture
+    def lease_ttl(self) -> timedelta:
+        return timedelta(seconds=30)
+
+
+# -- generation log -------------------------------------------------------------------------
+
+
+def test_generation_objects_layout_and_tombstones() -> None:
+    objects = MemoryObjects()
+    store = PutAndVerifyStore(objects, root="r")
+    v1 = store.set_if("a/b", b"x", None)
+    store.delete_if("a/b", v1)
+    assert sorted(objects.objects) == [f"r/a/b/g{1:020d}", f"r/a/b/g{2:020d}"]
+    assert objects.objects[f"r/a/b/g{1:020d}"] == b"vx"
+    assert objects.objects[f"r/a/b/g{2:020d}"] == b""  # a tombstone is empty
+    assert store.get("a/b") is None
+    assert store.set_if("a/b", b"y", None) == "3"
+
+
+def test_pruning_waits_for_the_grace_and_keeps_the_newest() -> None:
+    objects = MemoryObjects()
+    clock = FakeClock()
+    store = PutAndVerifyStore(
+        objects, root="r", keep=4, prune_grace=timedelta(seconds=60), clock=clock.now
+    )
+    v = store.set_if("k", b"0", None)
+    for i in range(1, 20):
+        v = store.set_if("k", str(i).encode(), v)
+    assert len(objects.objects) == 20  # nothing is old enough yet
+    clock.sleep(61)
+    v = store.set_if("k", b"20", v)
+    gens = sorted(int(p.rsplit("/g", 1)[1]) for p in objects.objects)
+    assert gens == [18, 19, 20, 21]  # old enough ones pruned, the newest `keep` kept
+    assert store.get("k") == Versioned(b"20", v)
+
+
+def test_a_stalled_writer_gives_up_instead_of_resurrecting_a_pruned_generation() -> None:
+    objects = MemoryObjects()
+    clock = FakeClock()
+
+    class Stalling(PutAndVerify):
+        def list(self, prefix: str):  # type: ignore[no-untyped-def]
+            entries = list(super().list(prefix))
+            clock.sleep(stall)
+            return iter(entries)
+
+    stall = 0.0
+    engine = Stalling(objects, clock=clock.now)
+    log = GenerationLogStore(
+        engine, "r", keep=1, prune_grace=timedelta(seconds=60), clock=clock.now
+    )
+    v = log.set_if("k", b"0", None)
+    stall = 31.0  # more than half the grace between listing and creating
+    with pytest.raises(PredicateFailedError, match="too long"):
+        log.set_if("k", b"1", v)
+    assert log.get("k") is not None
+
+
+def test_scan_ignores_intention_files_and_foreign_objects() -> None:
+    objects = MemoryObjects()
+    store = PutAndVerifyStore(objects, root="r")
+    store.set_if("a", b"1", None)
+    objects.put(f"r/a/g{2:020d}{INTENT}deadbeef", b"")
+    objects.put("r/a/README", b"not a generation")
+    assert [k for k, _ in store.scan("")] == ["a"]
+    assert store.get("a") == Versioned(b"1", "1")
+
+
+# -- put-and-verify -------------------------------------------------------------------------
+
+
+def test_exclusive_write_once_and_intentions_cleaned_up() -> None:
+    objects = MemoryObjects()
+    engine = PutAndVerify(objects)
+    engine.exclusive_write("lock", b"mine")
+    with pytest.raises(TargetExistsError):
+        engine.exclusive_write("lock", b"yours")
+    assert objects.objects == {"lock": b"mine"}
+
+
+def test_a_live_intention_makes_writers_back_off_then_give_up() -> None:
+    objects = MemoryObjects()
+    clock = FakeClock()
+    engine = PutAndVerify(objects, attempts=3, clock=clock.now, sleep=lambda s: None)
+    objects.put(f"t{INTENT}other", b"")
+    with pytest.raises(PredicateFailedError, match="busy"):
+        engine.exclusive_write("t", b"x")
+    assert "t" not in objects.objects
+    assert f"t{INTENT}other" in objects.objects
+
+
+def test_an_intention_seen_for_too_long_is_removed() -> None:
+    objects = MemoryObjects()
+    clock = FakeClock()
+    engine = PutAndVerify(
+        objects, stale_intent_after=timedelta(seconds=2), clock=clock.now, sleep=clock.sleep
+    )
+    objects.put(f"t{INTENT}dead", b"")
+    with pytest.raises(PredicateFailedError):
+        PutAndVerify(objects, attempts=1, clock=clock.now, sleep=clock.sleep).exclusive_write(
+            "t", b"x"
+        )
+    engine.exclusive_write("t", b"x")  # its backoff sleeps past the staleness of "dead"
+    assert objects.objects == {"t": b"x"}
+
+
+def test_rw_lock_many_readers_or_one_writer() -> None:
+    objects = MemoryObjects()
+    engine = PutAndVerify(objects, attempts=2, sleep=lambda s: None)
+    lock = RWLock(engine, "backup/archive")
+    r1 = lock.try_lock_read()
+    r2 = lock.try_lock_read()
+    with pytest.raises(PredicateFailedError):
+        lock.try_lock_write()
+    lock.unlock(r1)
+    with pytest.raises(PredicateFailedError):
+        lock.try_lock_write()
+    lock.unlock(r2)
+    w = lock.try_lock_write()
+    assert w == "backup/archive.WRIT"
+    with pytest.raises(PredicateFailedError):
+        lock.try_lock_read()
+    with pytest.raises(PredicateFailedError):
+        lock.try_lock_write()
+    # a neighbour whose name extends ours is not a conflict
+    RWLock(engine, "backup/archive-2").try_lock_write()
+    lock.unlock(w)
+    lock.unlock(lock.try_lock_read())
+    assert objects.objects == {"backup/archive-2.WRIT": b""}
+
+
+def test_rw_lock_refuses_while_a_writer_intends_to_write() -> None:
+    objects = MemoryObjects()
+    engine = PutAndVerify(objects, attempts=1, sleep=lambda s: None)
+    objects.put(f"p.WRIT{INTENT}someone", b"")
+    with pytest.raises(PredicateFailedError):
+        RWLock(engine, "p").try_lock_read()
+
+
+# -- helpers and the factory ----------------------------------------------------------------
+
+
+def test_generation_of_versions() -> None:
+    assert generation("42") == 42
+    assert generation("7:0cc175b9c0f1b6a831c399e269772661") == 7
+    assert generation("0cc175b9") is None
+
+
+@pytest.mark.parametrize("key", ["", "/a", "a/", "a//b", "a\nb", "x" * 513])
+def test_bad_keys_are_refused(key: str) -> None:
+    with pytest.raises(ValueError):
+        check_key(key)
+    with pytest.raises(ValueError):
+        MemoryStore().get(key)
+
+
+def test_lease_records_are_json_with_owner_and_token() -> None:
+    from perago.coord import LeaseManager
+
+    store = MemoryStore()
+    grant = LeaseManager(store, ttl=timedelta(seconds=5)).acquire("repo/main", "w1")
+    record = store.get("leases/repo/main")
+    assert record is not None
+    body = json.loads(record.value)
+    assert body["owner"] == "w1" and body["token"] == grant.token and body["ttl"] == 5.0
+    assert {"acquired_at", "renewed_at"} <= set(body)
+
+
+def test_factory_builds_memory_and_explains_mistakes() -> None:
+    assert isinstance(build_store("memory", {}, lakefs=None), MemoryStore)
+    assert set(KINDS) == {"lakefs", "s3", "dynamodb", "put_and_verify", "memory"}
+    with pytest.raises(ConfigError, match="unknown coordination backend 'etcd'"):
+        build_store("etcd", {}, lakefs=None)
+    with pytest.raises(ConfigError, match="backend s3 needs PERAGO_COORD_BUCKET"):
+        build_store("s3", {"bucket": ""}, lakefs=None)
+    with pytest.raises(ConfigError, match="backend dynamodb needs PERAGO_COORD_TABLE"):
+        build_store("dynamodb", {}, lakefs=None)
+    with pytest.raises(ConfigError, match="backend lakefs needs PERAGO_COORD_REPOSITORY"):
+        build_store("lakefs", {}, lakefs=None)
+    with pytest.raises(ConfigError, match="needs a lakeFS connection"):
+        build_store("lakefs", {"repository": "r"}, lakefs=None)
+    with pytest.raises(ConfigError, match="PERAGO_COORD_BUKET"):
+        build_store("s3", {"buket": "b"}, lakefs=None)
