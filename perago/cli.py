@@ -109,10 +109,12 @@ def worker(
             if any(t.wants_spark for t in tasks)
             else None
         )
+        store = LakeFSStore(settings)
         w = Worker(
             tasks,
             settings=settings,
-            store=LakeFSStore(settings),
+            store=store,
+            leases=_leases(settings, store),
             conductor=ConductorClient(settings),
             spark=spark,
             http_port=http_port,
@@ -124,6 +126,20 @@ def worker(
                 spark.stop()
     except PeragoError as e:
         raise _fail(e) from e
+
+
+def _leases(settings: Any, store: Any) -> Any:
+    """The branch-lease manager, if a coordination backend is configured."""
+    if settings.coord_backend == "none":
+        return None
+    from perago.coord.factory import build_store
+    from perago.coord.lease import LeaseManager
+
+    return LeaseManager(
+        build_store(settings.coord_backend, settings.coord_options, lakefs=store),
+        ttl=settings.lease_ttl,
+        max_clock_skew_rate=settings.max_clock_skew_rate,
+    )
 
 
 def _parse_input(raw: str | None) -> dict[str, Any]:

@@ -74,13 +74,19 @@ class Settings(BaseSettings):
     transfer_parallelism: int = Field(default=8, ge=1, le=128)
     http_timeout: timedelta = timedelta(seconds=60)
     janitor_on_start: bool = True
+    #: Coordination backend for branch leases ("none", "lakefs", "s3", "dynamodb",
+    #: "put_and_verify", "memory"); its options come from PERAGO_COORD_<OPTION>.
+    coord_backend: str = "none"
+    coord_options: dict[str, str] = Field(default_factory=dict)
+    lease_ttl: timedelta = timedelta(seconds=30)
+    max_clock_skew_rate: float = Field(default=1.5, ge=1.0)
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
     #: The S3A connector for in-place tasks, resolved from Maven Central once and cached.
     spark_s3a_package: str = "org.apache.hadoop:hadoop-aws:3.5.0"
     spark_ivy_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "perago" / "ivy")
 
-    @field_validator("poll_interval", "shutdown_grace", "http_timeout", mode="before")
+    @field_validator("poll_interval", "shutdown_grace", "http_timeout", "lease_ttl", mode="before")
     @classmethod
     def _seconds(cls, value: object) -> object:
         # Environment variables say durations in seconds ("0.5", "30").
@@ -91,7 +97,7 @@ class Settings(BaseSettings):
                 return value
         return value
 
-    @field_validator("spark_conf", mode="before")
+    @field_validator("spark_conf", "coord_options", mode="before")
     @classmethod
     def _json_object(cls, value: object) -> object:
         # PERAGO_SPARK_CONF='{"spark.executor.memory": "2g"}'
@@ -145,6 +151,12 @@ def load(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         raise ConfigError(
             f"unknown settings {sorted(unknown)}; known: {sorted(Settings.model_fields)}"
         )
+    if "coord_options" not in values:
+        values["coord_options"] = {
+            k.removeprefix("PERAGO_COORD_").lower(): v
+            for k, v in source.items()
+            if k.startswith("PERAGO_COORD_") and k != "PERAGO_COORD_BACKEND"
+        }
     values.update(overrides)
     try:
         return Settings(**values)  # type: ignore[arg-type]

@@ -19,6 +19,8 @@ from perago import failpoints, metrics
 from perago.adapters.conductor import TaskSnapshot
 from perago.config import Settings
 from perago.context import AttemptInfo, _current
+from perago.coord.errors import LeaseLostError
+from perago.coord.lease import LeaseManager
 from perago.errors import (
     AttemptFenceError,
     GuardrailError,
@@ -83,12 +85,17 @@ class AttemptRunner:
         settings: Settings,
         *,
         spark: Callable[[], Any] | None = None,
+        leases: LeaseManager | None = None,
     ) -> None:
         self._store = store
         self._settings = settings
         self._spark = spark
         self._publisher = Publisher(
-            store, ledger, worker_id=settings.worker_id, parallelism=settings.transfer_parallelism
+            store,
+            ledger,
+            worker_id=settings.worker_id,
+            parallelism=settings.transfer_parallelism,
+            leases=leases,
         )
 
     def run(self, defn: TaskDefinition[Any, Any], task: TaskSnapshot) -> Outcome:
@@ -200,6 +207,11 @@ class AttemptRunner:
         except WorkerShutdown:
             log.warning("attempt_interrupted", step=step[0])
             return Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+        except LeaseLostError as e:
+            log.warning("lease_lost", step=step[0], reason=str(e))
+            return Outcome(
+                "FAILED", reason=f"{step[0]}: lease lost: {e}; the attempt was cancelled"
+            )
         except Interrupt:
             raise
         except TaskError as e:

@@ -52,6 +52,7 @@ class Worker:
         conductor: ConductorClient,
         spark: Any = None,
         http_port: int | None = None,
+        leases: Any = None,
     ) -> None:
         if not tasks:
             raise ConfigError("a worker needs at least one task: pass modules that define @task")
@@ -64,7 +65,7 @@ class Worker:
         self._conductor = conductor
         self._spark = spark
         self._store = store
-        self._runner = AttemptRunner(store, conductor, settings, spark=spark)
+        self._runner = AttemptRunner(store, conductor, settings, spark=spark, leases=leases)
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.Condition()
         self._draining = threading.Event()

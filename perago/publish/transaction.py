@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import structlog
 
 from perago import failpoints, metrics
+from perago.coord.lease import LeaseManager
 from perago.errors import ConflictError, PublishFenceError, StoreError
 from perago.publish.fences import AttemptLedger, HeadDecision, check_attempt, decide_publication
 from perago.publish.identity import (
@@ -40,11 +42,15 @@ class Publisher:
         *,
         worker_id: str,
         parallelism: int = 8,
+        leases: LeaseManager | None = None,
+        lease_wait: timedelta = timedelta(seconds=60),
     ) -> None:
         self._store = store
         self._ledger = ledger
         self._worker_id = worker_id
         self._parallelism = parallelism
+        self._leases = leases
+        self._lease_wait = lease_wait
 
     def publish(
         self,
@@ -198,8 +204,7 @@ class Publisher:
         if decision is HeadDecision.LANDED:
             return head.id
         if decision is HeadDecision.REPLACE:
-            self._keep_reachable(repo, head.id, me, log)
-            self._store.hard_reset(repo, target.branch, staged.staging_commit)
+            self._reset(me, target, head.id, staged.staging_commit, log)
             now = self._store.branch_head(repo, target.branch)
             if now != staged.staging_commit:
                 raise PublishFenceError(
@@ -259,10 +264,48 @@ class Publisher:
                 f"no-op attempt found its own publication {head.id} on {target.branch}; "
                 "this cannot happen for an empty diff: inspect the branch"
             )
-        self._keep_reachable(repo, head.id, me, log)
-        self._store.hard_reset(repo, target.branch, target.input_ref)
+        self._reset(me, target, head.id, target.input_ref, log)
         log.info("noop_relocated", ref=target.input_ref, replaced=head.id)
         return target.input_ref
+
+    def _reset(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        seen_head: str,
+        to: str,
+        log: structlog.stdlib.BoundLogger,
+    ) -> None:
+        """Hard-reset the target (no CAS in lakeFS): under the branch lease when configured.
+
+        The lease serializes Perago's resetters of one branch; the reset runs only while the
+        lease surely lasts and the lease is re-checked after it, so a paused holder that lost
+        it stops with LeaseLostError instead of resetting again.
+        """
+        repo = target.repository
+        if self._leases is None:
+            self._keep_reachable(repo, seen_head, me, log)
+            self._store.hard_reset(repo, target.branch, to)
+            return
+        grant = self._leases.acquire(
+            f"branches/{repo}/{target.branch}",
+            f"{me.task_id}-p{me.poll_count}",
+            wait=self._lease_wait,
+        )
+        log.info("lease_acquired", fencing_token=grant.token)
+        try:
+            if self._store.branch_head(repo, target.branch) != seen_head:
+                raise PublishFenceError(
+                    f"the head of {target.branch} moved while waiting for the branch lease "
+                    f"(saw {seen_head[:12]}); nothing was reset"
+                )
+            self._keep_reachable(repo, seen_head, me, log)
+            self._leases.guarded(
+                grant, lambda _budget: self._store.hard_reset(repo, target.branch, to)
+            )
+            log.info("reset_under_lease", fencing_token=grant.token, ref=to)
+        finally:
+            self._leases.release(grant)
 
     def _keep_reachable(
         self, repo: str, commit_id: str, me: AttemptIdentity, log: structlog.stdlib.BoundLogger

@@ -565,3 +565,28 @@ def test_retry_of_an_unpinned_input_replaces_instead_of_stacking(
     head = store.get_commit(repo, store.branch_head(repo, "main"))
     assert head.parents[0] == input_ref
     assert [c.id for c in publications(store, repo)] == [head.id]
+
+
+def test_replacement_under_a_lakefs_branch_lease(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """With the lakeFS-objects coordination backend the hard reset runs under a fenced lease."""
+    leased = {**env, "PERAGO_COORD_BACKEND": "lakefs", "PERAGO_COORD_REPOSITORY": repo}
+    name = _one_step(conductor, unique, {"files": {"l.txt": "leased"}, "stamp_retry": True})
+    input_ref = store.branch_head(repo, "main")
+    wid = _start(conductor, name, repo, ref=input_ref)
+    with worker({**leased, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "w1.log") as w1:
+        assert w1.proc.wait(timeout=60) == -signal.SIGKILL
+    with worker(leased, tmp_path / "w2.log") as w2:
+        wf = wait_workflow(conductor, wid, timeout=90)
+        reset = w2.wait_for("reset_under_lease")
+    assert wf["status"] == "COMPLETED"
+    assert reset["fencing_token"] >= 1
+    head = store.get_commit(repo, store.branch_head(repo, "main"))
+    assert head.parents[0] == input_ref and head.metadata["perago.retry_count"] == "1"
+    assert [c.id for c in publications(store, repo)] == [head.id]

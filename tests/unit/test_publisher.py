@@ -162,3 +162,57 @@ def test_a_merge_whose_answer_was_lost_is_found_in_history(tmp_path: Path) -> No
     ws, diff = _workspace(tmp_path, "a", "x")
     out = _publish(store, ident(), ws, diff, base)
     assert out == store.branch_head("r", "main") != base
+
+
+def _leases(clock: list[float]) -> object:
+    from datetime import timedelta
+
+    from perago.coord.lease import LeaseManager
+    from perago.coord.memory import MemoryStore as CoordMemory
+
+    return LeaseManager(
+        CoordMemory(), ttl=timedelta(seconds=10), clock=lambda: clock[0], sleep=lambda s: None
+    )
+
+
+def test_replacement_runs_under_the_branch_lease_and_releases_it(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    from datetime import timedelta
+
+    clock = [0.0]
+    leases = _leases(clock)
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "first")
+    _publish(store, ident(task="t0"), ws, diff, base)
+    me = ident(task="t1", retry=1)
+    pub = Publisher(
+        store, StaticLedger(snap(me)), worker_id="w", leases=leases, lease_wait=timedelta(0)
+    )  # type: ignore[arg-type]
+    ws2, diff2 = _workspace(tmp_path, "b", "second")
+    out = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
+    assert out == store.branch_head("r", "main")
+    grant = leases.acquire("branches/r/main", "someone-else")  # type: ignore[attr-defined]
+    assert grant.token >= 2  # the replacement held an earlier grant, and released it
+
+
+def test_a_held_branch_lease_blocks_the_reset(store: MemoryStore, tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from perago.coord.errors import LeaseBusyError
+
+    clock = [0.0]
+    leases = _leases(clock)
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "first")
+    abandoned = _publish(store, ident(task="t0"), ws, diff, base)
+    leases.acquire("branches/r/main", "another-publisher")  # type: ignore[attr-defined]
+    me = ident(task="t1", retry=1)
+    pub = Publisher(
+        store, StaticLedger(snap(me)), worker_id="w", leases=leases, lease_wait=timedelta(0)
+    )  # type: ignore[arg-type]
+    ws2, diff2 = _workspace(tmp_path, "b", "second")
+    with pytest.raises(LeaseBusyError):
+        pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
+    assert store.branch_head("r", "main") == abandoned  # nothing was reset
+    assert store.list_branches("r", prefix="perago-stg-") == []
