@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -71,7 +72,12 @@ def test_probes_and_metrics(
             conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}}),
         )
         assert wf["status"] == "COMPLETED"
-        status, text = _get(base + "/metrics")
+        # the attempt thread leaves the in-flight gauge just after reporting: wait for it
+        for _ in range(100):
+            status, text = _get(base + "/metrics")
+            if "perago_attempts_in_flight 0.0" in text:
+                break
+            time.sleep(0.1)
         assert status == 200
         assert f'perago_attempts_total{{status="COMPLETED",task="pt_write_{unique}"}} 1.0' in text
         assert 'perago_files_total{direction="upload"} 1.0' in text
