@@ -80,8 +80,16 @@ def materialize(
 ) -> Manifest:
     """Download ``prefix`` at ``ref`` into ``root`` and return what was written."""
     manifest = Manifest()
-    objects = list(store.list_objects(repository, ref, prefix))
-    targets = [(o, local_path_for(root, o.path[len(prefix) :])) for o in objects]
+    # Zero-byte "folder/" markers (made by S3 consoles and tools) are directories, not files.
+    objects = [
+        o
+        for o in store.list_objects(repository, ref, prefix)
+        if not (o.path.endswith("/") and o.size == 0)
+    ]
+    try:
+        targets = [(o, local_path_for(root, o.path[len(prefix) :])) for o in objects]
+    except UnsafePathError as e:
+        raise UnsafePathError(e.message, non_retryable=True) from e  # a retry sees the same
 
     def fetch(item: tuple[ObjectInfo, Path]) -> None:
         obj, dest = item

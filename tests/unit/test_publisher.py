@@ -216,3 +216,23 @@ def test_a_held_branch_lease_blocks_the_reset(store: MemoryStore, tmp_path: Path
         pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
     assert store.branch_head("r", "main") == abandoned  # nothing was reset
     assert store.list_branches("r", prefix="perago-stg-") == []
+
+
+def test_materialize_skips_folder_markers_and_refuses_unsafe_names(tmp_path: Path) -> None:
+    from perago.errors import UnsafePathError
+    from perago.workspace import materialize
+
+    store = MemoryStore()
+    store.create_repository("r")
+    store.upload_bytes("r", "main", "data/sub/", b"")
+    store.upload_bytes("r", "main", "data/sub/f.txt", b"f")
+    store.commit("r", "main", message="m", metadata={})
+    (tmp_path / "ws").mkdir()
+    manifest = materialize(store, "r", "main", "data/", tmp_path / "ws", parallelism=2)
+    assert sorted(manifest.entries) == ["sub/f.txt"]
+    store.upload_bytes("r", "main", "data/a/../../escape", b"x")
+    store.commit("r", "main", message="m", metadata={})
+    (tmp_path / "ws2").mkdir()
+    with pytest.raises(UnsafePathError) as e:
+        materialize(store, "r", "main", "data/", tmp_path / "ws2", parallelism=2)
+    assert e.value.non_retryable

@@ -1,0 +1,203 @@
+"""What every benchmark needs: the stack to talk to, test trees and timed child processes."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "LAKECTL_VAR",
+    "MIB",
+    "ROOT",
+    "STACK_VARS",
+    "BenchmarkError",
+    "ChildRun",
+    "Lakectl",
+    "Stack",
+    "TreeSpec",
+    "percentile",
+    "rel_path",
+    "resolve_stack",
+    "run_child",
+    "scenario_command",
+    "tree_stats",
+    "write_tree",
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 1024 * 1024
+STACK_VARS = (
+    "CONDUCTOR_SERVER_URL",
+    "LAKECTL_SERVER_ENDPOINT_URL",
+    "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
+    "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+)
+#: Path of the lakectl binary when the stack comes from the environment.
+LAKECTL_VAR = "PERAGO_BENCH_LAKECTL"
+#: lakectl keeps its index in the synced directory; it is not data.
+_LAKECTL_FILES = (".lakefs_ref.yaml",)
+
+
+class BenchmarkError(Exception):
+    """A benchmark step failed; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Stack:
+    env: dict[str, str]
+    lakectl: Path
+    source: str
+
+
+def resolve_stack() -> Stack:
+    """The stack named by the environment, else the local stack from ``perago.dev.stack.up()``.
+
+    The environment wins only when it names all four endpoints/credentials and a lakectl
+    binary (``PERAGO_BENCH_LAKECTL``, or ``lakectl`` on ``PATH``).
+    """
+    lakectl = os.environ.get(LAKECTL_VAR) or shutil.which("lakectl")
+    if lakectl and all(os.environ.get(k) for k in STACK_VARS):
+        if not os.access(lakectl, os.X_OK):
+            raise BenchmarkError(f"{LAKECTL_VAR}={lakectl} is not an executable lakectl binary")
+        return Stack({k: os.environ[k] for k in STACK_VARS}, Path(lakectl), "environment")
+    from perago.dev.stack import up
+
+    info = up()
+    return Stack(dict(info.env()), Path(info.lakectl), "perago.dev.stack.up()")
+
+
+# -- test trees -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    files: int
+    size: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.files * self.size
+
+    def describe(self) -> str:
+        size = f"{self.size // MIB} MiB" if self.size >= MIB else f"{self.size // 1024} KiB"
+        return f"{self.files:,} x {size}"
+
+
+def rel_path(i: int) -> str:
+    """Path of file ``i``: 100 files per directory, like partitioned data."""
+    return f"part-{i // 100:03d}/file-{i:05d}.bin"
+
+
+def write_tree(root: Path, spec: TreeSpec, *, seed: int) -> None:
+    """Incompressible, reproducible content: the same seed writes the same bytes."""
+    rng = random.Random(seed)
+    for i in range(spec.files):
+        path = root / rel_path(i)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(spec.size))
+
+
+def tree_stats(root: Path) -> tuple[int, int]:
+    """(files, bytes) of the data under ``root``, lakectl's index file left out."""
+    files = size = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            if name in _LAKECTL_FILES:
+                continue
+            files += 1
+            size += os.lstat(os.path.join(dirpath, name)).st_size
+    return files, size
+
+
+# -- child processes ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    seconds: float  # wall clock, process start to exit
+    max_rss_kib: int  # the child's own peak resident set (Linux reports KiB)
+    cpu_s: float  # user + system CPU time of the child
+    stdout: str
+
+
+# Linux carries the peak RSS of the process that forks across exec into the child's
+# ru_maxrss, so a child of this (large) driver would report at least the driver's peak. The
+# measured command is therefore started by a fresh, minimal interpreter (about 9 MiB), which
+# reads the child's rusage with wait4 and writes "<seconds> <ru_maxrss KiB> <CPU seconds>" to
+# argv[1].
+_LAUNCHER = """\
+import os, sys, time
+report, cmd = sys.argv[1], sys.argv[2:]
+started = time.perf_counter()
+pid = os.posix_spawnp(cmd[0], cmd, os.environ)
+_, status, usage = os.wait4(pid, 0)
+seconds = time.perf_counter() - started
+with open(report, "w") as f:
+    f.write(f"{seconds} {usage.ru_maxrss} {usage.ru_utime + usage.ru_stime}")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def run_child(cmd: Sequence[str], *, env: dict[str, str], what: str) -> ChildRun:
+    """Run ``cmd`` to completion from ``ROOT``; time and peak RSS are this child's alone."""
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile("r", suffix=".rusage") as report,
+    ):
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", _LAUNCHER, report.name, *cmd],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=err,
+            check=False,
+        )
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode(errors="replace")
+        if done.returncode != 0:
+            tail = err.read().decode(errors="replace")[-2000:] or stdout[-2000:]
+            raise BenchmarkError(f"{what} exited with {done.returncode}:\n{tail}")
+        seconds, max_rss, cpu = report.read().split()
+    return ChildRun(float(seconds), int(max_rss), float(cpu), stdout)
+
+
+def scenario_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.scenario", *args]
+
+
+class Lakectl:
+    """``lakectl local`` configured only through the environment, with default parallelism."""
+
+    def __init__(self, binary: Path, env: dict[str, str]) -> None:
+        self._binary = str(binary)
+        self._env = env
+
+    def _run(self, *args: str) -> ChildRun:
+        return run_child([self._binary, *args], env=self._env, what=f"lakectl {' '.join(args)}")
+
+    def init(self, uri: str, directory: Path) -> ChildRun:
+        return self._run("local", "init", uri, str(directory), "--gitignore=false")
+
+    def commit(self, directory: Path, message: str) -> ChildRun:
+        return self._run("local", "commit", str(directory), "-m", message, "--no-progress", "-y")
+
+    def clone(self, uri: str, directory: Path) -> ChildRun:
+        return self._run(
+            "local", "clone", uri, str(directory), "--no-progress", "--gitignore=false"
+        )
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of a non-empty sample."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]

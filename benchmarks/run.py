@@ -1,0 +1,453 @@
+"""Run every benchmark against one stack, print the table, write ``benchmarks/results.json``.
+
+    python -m benchmarks.run            # full sizes, 3 repetitions: about 5 minutes on 2 cores
+    python -m benchmarks.run --quick    # every size divided by 10, a smoke run
+
+The stack comes from the environment when ``CONDUCTOR_SERVER_URL``,
+``LAKECTL_SERVER_ENDPOINT_URL``, ``LAKECTL_CREDENTIALS_*`` and ``PERAGO_BENCH_LAKECTL`` are
+set, otherwise from ``perago.dev.stack.up()``. See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from benchmarks import roundtrip
+from benchmarks.common import (
+    MIB,
+    BenchmarkError,
+    ChildRun,
+    Lakectl,
+    Stack,
+    TreeSpec,
+    rel_path,
+    resolve_stack,
+    run_child,
+    scenario_command,
+    tree_stats,
+    write_tree,
+)
+from perago.adapters.lakefs import LakeFSStore
+from perago.config import load
+from perago.errors import PeragoError
+
+PREFIX = "data/"
+RESULTS = Path(__file__).resolve().parent / "results.json"
+
+
+@dataclass(frozen=True)
+class Scale:
+    many: TreeSpec  # (a)
+    large: TreeSpec  # (b)
+    one_change: TreeSpec  # (c)
+    workflows: int  # (d)
+
+
+SCALES = {
+    "full": Scale(
+        many=TreeSpec(1_000, 64 * 1024),
+        large=TreeSpec(10, 50 * MIB),
+        one_change=TreeSpec(10_000, 1024),
+        workflows=20,
+    ),
+    "quick": Scale(
+        many=TreeSpec(100, 64 * 1024),
+        large=TreeSpec(10, 5 * MIB),
+        one_change=TreeSpec(1_000, 1024),
+        workflows=5,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    seconds: float  # Perago: the operation timed inside its process; lakectl: the process
+    max_rss_kib: int
+    cpu_s: float  # Perago: CPU of the operation; lakectl: CPU of the process
+
+    @classmethod
+    def of_perago(cls, result: dict[str, Any], max_rss_kib: int | None = None) -> Sample:
+        return cls(result["seconds"], max_rss_kib or result["max_rss_kib"], result["cpu_s"])
+
+    @classmethod
+    def of_lakectl(cls, run: ChildRun) -> Sample:
+        return cls(run.seconds, run.max_rss_kib, run.cpu_s)
+
+
+@dataclass
+class Row:
+    """One comparison; each repetition adds one sample per side, the table shows medians."""
+
+    scenario: str
+    moved_bytes: int
+    perago: list[Sample] = field(default_factory=list)
+    lakectl: list[Sample] = field(default_factory=list)
+
+    def add(self, perago: Sample, lakectl: Sample) -> None:
+        self.perago.append(perago)
+        self.lakectl.append(lakectl)
+
+    @property
+    def perago_s(self) -> float:
+        return statistics.median(s.seconds for s in self.perago)
+
+    @property
+    def lakectl_s(self) -> float:
+        return statistics.median(s.seconds for s in self.lakectl)
+
+    @property
+    def ratio(self) -> float:
+        return self.lakectl_s / self.perago_s
+
+    @property
+    def mib_per_s(self) -> float | None:
+        # A throughput for a handful of bytes says nothing; leave it out.
+        if self.moved_bytes < MIB:
+            return None
+        return self.moved_bytes / MIB / self.perago_s
+
+    @property
+    def perago_rss_mib(self) -> float:
+        return max(s.max_rss_kib for s in self.perago) / 1024
+
+    @property
+    def lakectl_rss_mib(self) -> float:
+        return max(s.max_rss_kib for s in self.lakectl) / 1024
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "moved_bytes": self.moved_bytes,
+            "perago_s": self.perago_s,
+            "lakectl_s": self.lakectl_s,
+            "ratio_lakectl_over_perago": self.ratio,
+            "perago_mib_per_s": self.mib_per_s,
+            "perago_peak_rss_mib": self.perago_rss_mib,
+            "lakectl_peak_rss_mib": self.lakectl_rss_mib,
+            "perago_cpu_s": statistics.median(s.cpu_s for s in self.perago),
+            "lakectl_cpu_s": statistics.median(s.cpu_s for s in self.lakectl),
+            "perago_samples": [asdict(s) for s in self.perago],
+            "lakectl_samples": [asdict(s) for s in self.lakectl],
+        }
+
+
+def _mib(kib: int) -> float:
+    return kib / 1024
+
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+def in_order(rep: int, perago: Callable[[], T], lakectl: Callable[[], U]) -> tuple[T, U]:
+    """Run both sides, Perago first on even repetitions, lakectl first on odd ones."""
+    if rep % 2 == 0:
+        p = perago()
+        return p, lakectl()
+    lk = lakectl()
+    return perago(), lk
+
+
+class Bench:
+    def __init__(self, stack: Stack, tmp: Path, *, repeats: int) -> None:
+        self.env = {**os.environ, **stack.env}
+        self.tmp = tmp
+        self.repeats = repeats
+        self.lakectl = Lakectl(stack.lakectl, self.env)
+        self.store = LakeFSStore(load(self.env))
+        self.token = uuid.uuid4().hex[:8]
+        self.repos: list[str] = []
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def perago(self, *args: str) -> dict[str, Any]:
+        run = run_child(scenario_command(*args), env=self.env, what=f"perago {args[0]}")
+        result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+        result["process_wall_s"] = run.seconds  # with interpreter start and imports
+        return result
+
+    def new_repo(self, key: str) -> str:
+        repo = f"bench-{key}-{self.token}"
+        self.store.create_repository(repo)
+        self.repos.append(repo)
+        return repo
+
+    def branches(self, repo: str, rep: int, source: str = "main") -> tuple[str, str]:
+        """A fresh target branch per side and repetition."""
+        names = (f"perago-{rep}", f"lakectl-{rep}")
+        for name in names:
+            self.store.create_branch(repo, name, source)
+        return names
+
+    def remote(self, repo: str, ref: str) -> dict[str, tuple[int, str | None]]:
+        return {
+            o.path[len(PREFIX) :]: (o.size, o.checksum)
+            for o in self.store.list_objects(repo, ref, PREFIX)
+        }
+
+    def check_remote(self, repo: str, ref: str, spec: TreeSpec) -> None:
+        objects = self.remote(repo, ref)
+        size = sum(s for s, _ in objects.values())
+        if (len(objects), size) != (spec.files, spec.total_bytes):
+            raise BenchmarkError(
+                f"{repo}@{ref}/{PREFIX} holds {len(objects)} objects, {size} bytes; expected "
+                f"{spec.files}, {spec.total_bytes}"
+            )
+
+    @staticmethod
+    def check_local(root: Path, spec: TreeSpec) -> None:
+        found = tree_stats(root)
+        if found != (spec.files, spec.total_bytes):
+            raise BenchmarkError(f"{root} holds {found} (files, bytes); expected {spec}")
+
+    # -- (a), (b): a new tree ------------------------------------------------------------------
+
+    def new_tree(self, key: str, spec: TreeSpec, seed: int) -> list[Row]:
+        """Publish a tree to a fresh branch, then copy the prefix back into an empty dir."""
+        repo = self.new_repo(key)
+        work = self.tmp / key
+        src = work / "src"
+        write_tree(src, spec, seed=seed)
+        publish = Row(f"({key}) stage+publish {spec.describe()}", spec.total_bytes)
+        copy = Row(f"({key}) materialize {spec.describe()}", spec.total_bytes)
+        for rep in range(self.repeats):
+            p_branch, l_branch = self.branches(repo, rep)
+            # lakectl writes its index into the directory it syncs: give it hard links.
+            l_src = work / f"lakectl-src-{rep}"
+            shutil.copytree(src, l_src, copy_function=os.link)
+            self.lakectl.init(f"lakefs://{repo}/{l_branch}/{PREFIX}", l_src)
+            pub, commit = in_order(
+                rep,
+                partial(self.perago, "publish", "--repo", repo, "--branch", p_branch,
+                        "--prefix", PREFIX, "--dir", str(src)),
+                partial(self.lakectl.commit, l_src, f"bench {key}"),
+            )  # fmt: skip
+            publish.add(Sample.of_perago(pub), Sample.of_lakectl(commit))
+            self.check_remote(repo, p_branch, spec)
+            self.check_remote(repo, l_branch, spec)
+            shutil.rmtree(l_src)
+
+            # Both sides copy the same commit: the one Perago just published.
+            p_out, l_out = work / f"perago-out-{rep}", work / f"lakectl-out-{rep}"
+            mat, clone = in_order(
+                rep,
+                partial(self.perago, "materialize", "--repo", repo, "--ref", pub["ref"],
+                        "--prefix", PREFIX, "--dir", str(p_out)),
+                partial(self.lakectl.clone, f"lakefs://{repo}/{p_branch}/{PREFIX}", l_out),
+            )  # fmt: skip
+            copy.add(Sample.of_perago(mat), Sample.of_lakectl(clone))
+            self.check_local(p_out, spec)
+            self.check_local(l_out, spec)
+            shutil.rmtree(p_out)
+            shutil.rmtree(l_out)
+        shutil.rmtree(work)
+        return [publish, copy]
+
+    # -- (c): one change among many small files ----------------------------------------------
+
+    def _lakectl_edit(
+        self, uri: str, directory: Path, changed: str, content: Path
+    ) -> tuple[ChildRun, ChildRun]:
+        clone = self.lakectl.clone(uri, directory)
+        shutil.copyfile(content, directory / changed)
+        return clone, self.lakectl.commit(directory, "bench c: one change")
+
+    def one_change(self, spec: TreeSpec, seed: int) -> list[Row]:
+        """Materialize many small files, change one, publish; lakectl: clone, change, commit."""
+        repo = self.new_repo("c")
+        work = self.tmp / "c"
+        src = work / "src"
+        write_tree(src, spec, seed=seed)
+        # The input commit on main (not measured).
+        self.lakectl.init(f"lakefs://{repo}/main/{PREFIX}", src)
+        self.lakectl.commit(src, "bench c: input")
+        shutil.rmtree(src)
+        self.check_remote(repo, "main", spec)
+        before = self.remote(repo, "main")
+
+        changed = rel_path(spec.files // 2)
+        content = work / "changed.bin"
+        # A new size as well as new bytes: lakectl detects changes by size and mtime, and a
+        # same-size rewrite within the second of the clone is invisible to it.
+        content.write_bytes(random.Random(seed + 1).randbytes(spec.size + 512))
+        publish = Row(f"(c) stage+publish 1 changed of {spec.files:,}", spec.size + 512)
+        copy = Row(f"(c) materialize {spec.describe()}", spec.total_bytes)
+        for rep in range(self.repeats):
+            p_branch, l_branch = self.branches(repo, rep)
+            p_out, l_out = work / f"perago-out-{rep}", work / f"lakectl-out-{rep}"
+            edit, (clone, commit) = in_order(
+                rep,
+                partial(self.perago, "edit", "--repo", repo, "--branch", p_branch,
+                        "--prefix", PREFIX, "--dir", str(p_out), "--change", changed,
+                        "--content", str(content)),
+                partial(self._lakectl_edit, f"lakefs://{repo}/{l_branch}/{PREFIX}", l_out,
+                        changed, content),
+            )  # fmt: skip
+            copy.add(
+                Sample.of_perago(edit["materialize"], edit["materialize"]["max_rss_kib"]),
+                Sample.of_lakectl(clone),
+            )
+            publish.add(
+                Sample.of_perago(edit["publish"], edit["max_rss_kib"]), Sample.of_lakectl(commit)
+            )
+            for branch in (p_branch, l_branch):
+                after = self.remote(repo, branch)
+                moved = {p for p in after.keys() | before.keys() if after.get(p) != before.get(p)}
+                if moved != {changed} or after[changed][0] != spec.size + 512:
+                    raise BenchmarkError(
+                        f"after the one-file change, {repo}@{branch} differs from the input in "
+                        f"{sorted(moved)[:5]} (expected exactly {changed!r} with the new size)"
+                    )
+            shutil.rmtree(p_out)
+            shutil.rmtree(l_out)
+        shutil.rmtree(work)
+        return [publish, copy]
+
+    def cleanup(self) -> None:
+        for repo in self.repos:
+            try:
+                self.store.delete_repository(repo)
+            except PeragoError as e:
+                print(f"warning: could not delete repository {repo}: {e}", file=sys.stderr)
+        self.store.close()
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def table(rows: list[Row]) -> str:
+    head = (
+        "| scenario | Perago s | lakectl s | lakectl/Perago | Perago MiB/s "
+        "| Perago peak RSS MiB | lakectl peak RSS MiB |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        rate = f"{r.mib_per_s:.1f}" if r.mib_per_s is not None else "-"
+        lines.append(
+            f"| {r.scenario} | {r.perago_s:.2f} | {r.lakectl_s:.2f} | {r.ratio:.2f} | {rate} "
+            f"| {r.perago_rss_mib:.0f} | {r.lakectl_rss_mib:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def roundtrip_table(rt: dict[str, Any]) -> str:
+    lines = [
+        f"| (d) no-op workflow, N={rt['perago']['runs']} | median ms | p90 ms "
+        "| median poll wait ms | median worker ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for side, label in (("perago", "Perago worker (writable task)"), ("bare", "bare worker")):
+        s = rt[side]
+        lines.append(
+            f"| {label} | {s['median_ms']:.0f} | {s['p90_ms']:.0f} "
+            f"| {s['median_poll_wait_ms']:.0f} | {s['median_worker_ms']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description="Perago vs lakectl local and a bare Conductor worker; see docs/benchmarks.md",
+    )
+    parser.add_argument("--quick", action="store_true", help="every size divided by 10")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        help="repetitions of each data comparison, medians reported (default 3, quick 1)",
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    scale = SCALES[mode]
+    repeats = args.repeat or (1 if args.quick else 3)
+
+    # The in-process Perago worker of (d) logs every protocol step; only problems matter here.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    stack = resolve_stack()
+    print(
+        f"stack from {stack.source}: lakeFS {stack.env['LAKECTL_SERVER_ENDPOINT_URL']}, "
+        f"Conductor {stack.env['CONDUCTOR_SERVER_URL']}, lakectl {stack.lakectl}",
+        flush=True,
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="perago-bench-"))
+    bench = Bench(stack, tmp, repeats=repeats)
+    rows: list[Row] = []
+    try:
+        baseline = bench.perago("baseline")
+        for key, spec, seed in (("a", scale.many, 1), ("b", scale.large, 2)):
+            print(f"({key}) {spec.describe()}, {repeats} repetition(s) ...", flush=True)
+            rows += bench.new_tree(key, spec, seed)
+        print(f"(c) {scale.one_change.describe()}, {repeats} repetition(s) ...", flush=True)
+        rows += bench.one_change(scale.one_change, 3)
+        print(f"(d) {scale.workflows} no-op workflows per worker ...", flush=True)
+        rt = roundtrip.measure(bench.env, runs=scale.workflows, work_dir=tmp / "work")
+    finally:
+        bench.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    load_after = os.getloadavg()
+
+    print()
+    print(table(rows))
+    print()
+    print(roundtrip_table(rt))
+    print(
+        f"\nPerago process baseline RSS (interpreter, imports, clients; no work): "
+        f"{_mib(baseline['max_rss_kib']):.0f} MiB. {os.cpu_count()} CPUs, load average "
+        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; total {elapsed:.0f} s"
+    )
+    results = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "mode": mode,
+        "repeats": repeats,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_1m": {"before": load_before[0], "after": load_after[0]},
+        },
+        "stack": {
+            "source": stack.source,
+            "lakefs": stack.env["LAKECTL_SERVER_ENDPOINT_URL"],
+            "conductor": stack.env["CONDUCTOR_SERVER_URL"],
+            "lakectl": str(stack.lakectl),
+        },
+        "perago_transfer_parallelism": baseline["parallelism"],
+        "lakectl_parallelism": "default (25)",
+        "perago_baseline_rss_mib": _mib(baseline["max_rss_kib"]),
+        "rows": [r.to_json() for r in rows],
+        "roundtrip": rt,
+        "total_seconds": elapsed,
+    }
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
