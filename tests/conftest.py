@@ -33,19 +33,27 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def stack_env() -> dict[str, str]:
-    """Environment variables that point at the running stack (started if needed)."""
-    if os.environ.get("PERAGO_TEST_STACK_FROM_ENV"):
-        return {k: os.environ[k] for k in _STACK_VARS}
-    try:
-        from perago.dev.stack import up
+def stack_env() -> Iterator[dict[str, str]]:
+    """Environment variables that point at the running stack (started if needed).
 
-        info = up()
+    A stack this session started is stopped at its end, so a CI run leaves no process
+    behind; a stack that was already running (`perago dev up`) is left alone.
+    """
+    if os.environ.get("PERAGO_TEST_STACK_FROM_ENV"):
+        yield {k: os.environ[k] for k in _STACK_VARS}
+        return
+    try:
+        from perago.dev import stack
+
+        was_running = all(s.running for s in stack.status().values())
+        info = stack.up()
     except Exception as e:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"the local stack is not available ({e}); run `perago dev up`")
-    return info.env()
+    yield info.env()
+    if not was_running:
+        stack.down()
 
 
 @pytest.fixture(scope="session")

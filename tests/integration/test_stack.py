@@ -47,7 +47,7 @@ def _start_stack() -> stack.StackInfo:
 
 
 @pytest.fixture(scope="module")
-def info() -> stack.StackInfo:
+def info(stack_env: dict[str, str]) -> stack.StackInfo:
     return _start_stack()
 
 
