@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -93,6 +94,7 @@ def worker(
     """Run a worker for every @task in MODULES until SIGTERM (drains gracefully)."""
     from perago.adapters.conductor import ConductorClient
     from perago.adapters.lakefs import LakeFSStore
+    from perago.coord.factory import branch_leases
     from perago.registry import discover
     from perago.spark import SparkSessions
     from perago.worker import Worker
@@ -114,7 +116,7 @@ def worker(
             tasks,
             settings=settings,
             store=store,
-            leases=_leases(settings, store),
+            leases=branch_leases(settings, store),
             conductor=ConductorClient(settings),
             spark=spark,
             http_port=http_port,
@@ -126,20 +128,6 @@ def worker(
                 spark.stop()
     except PeragoError as e:
         raise _fail(e) from e
-
-
-def _leases(settings: Any, store: Any) -> Any:
-    """The branch-lease manager, if a coordination backend is configured."""
-    if settings.coord_backend == "none":
-        return None
-    from perago.coord.factory import build_store
-    from perago.coord.lease import LeaseManager
-
-    return LeaseManager(
-        build_store(settings.coord_backend, settings.coord_options, lakefs=store),
-        ttl=settings.lease_ttl,
-        max_clock_skew_rate=settings.max_clock_skew_rate,
-    )
 
 
 def _parse_input(raw: str | None) -> dict[str, Any]:
@@ -242,22 +230,44 @@ def janitor(
     repository: Annotated[
         list[str] | None, typer.Option("--repository", help="Only these repositories.")
     ] = None,
+    lease_watch: Annotated[
+        str | None,
+        typer.Option(
+            "--lease-watch",
+            help="Watch held leases this long before calling them expired (default: the "
+            "takeover time, lease ttl x clock-skew rate; 0s removes only released ones).",
+        ),
+    ] = None,
 ) -> None:
-    """Remove staging branches of attempts that are over or unknown to Conductor."""
+    """Remove staging branches of attempts that are over or unknown to Conductor, and expired
+    branch leases."""
     from perago.adapters.conductor import ConductorClient
     from perago.adapters.lakefs import LakeFSStore
-    from perago.janitor import parse_duration, sweep
+    from perago.coord.factory import branch_leases
+    from perago.janitor import parse_duration, sweep, sweep_leases
 
     configure_logging()
     try:
         settings = config_module.load()
         store = LakeFSStore(settings)
+        repositories = repository or store.list_repositories()
         report = sweep(
             store,
             ConductorClient(settings),
-            repositories=repository or store.list_repositories(),
+            repositories=repositories,
             dry_run=dry_run,
             older_than=parse_duration(older_than),
+        )
+        leases = branch_leases(settings, store)
+        watch = (
+            parse_duration(lease_watch)
+            if lease_watch is not None
+            else settings.lease_ttl * settings.max_clock_skew_rate + timedelta(seconds=1)
+        )
+        lease_report = (
+            sweep_leases(leases, repositories=repositories, dry_run=dry_run, watch=watch)
+            if leases is not None
+            else None
         )
     except PeragoError as e:
         raise _fail(e) from e
@@ -265,6 +275,14 @@ def janitor(
     for repo, branch, reason in report.removed:
         typer.echo(f"{verb} {repo}/{branch}: {reason}")
     typer.echo(f"{verb} {len(report.removed)} staging branch(es); kept {len(report.kept)}")
+    if lease_report is not None:
+        for _, name, reason in lease_report.removed:
+            typer.echo(f"{verb} lease {name}: {reason}")
+        for _, name, reason in lease_report.kept:
+            typer.echo(f"kept lease {name}: {reason}")
+        typer.echo(
+            f"{verb} {len(lease_report.removed)} lease(s); kept {len(lease_report.kept)} held"
+        )
 
 
 repo_app = typer.Typer(no_args_is_help=True, help="Prepare lakeFS repositories for Perago.")

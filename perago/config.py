@@ -74,9 +74,10 @@ class Settings(BaseSettings):
     transfer_parallelism: int = Field(default=8, ge=1, le=128)
     http_timeout: timedelta = timedelta(seconds=60)
     janitor_on_start: bool = True
-    #: Coordination backend for branch leases ("none", "lakefs", "s3", "dynamodb",
-    #: "put_and_verify", "memory"); its options come from PERAGO_COORD_<OPTION>.
-    coord_backend: str = "none"
+    #: Coordination backend for branch leases ("lakefs", "s3", "dynamodb", "put_and_verify",
+    #: "memory", or "none" to publish without leases); its options come from
+    #: PERAGO_COORD_<OPTION>. The default keeps each repository's leases in that repository.
+    coord_backend: str = "lakefs"
     coord_options: dict[str, str] = Field(default_factory=dict)
     lease_ttl: timedelta = timedelta(seconds=30)
     max_clock_skew_rate: float = Field(default=1.5, ge=1.0)
@@ -96,6 +97,15 @@ class Settings(BaseSettings):
             except ValueError:
                 return value
         return value
+
+    @field_validator("coord_backend")
+    @classmethod
+    def _known_backend(cls, kind: str) -> str:
+        from perago.coord.factory import KINDS
+
+        if kind != "none" and kind not in KINDS:
+            raise ValueError(f"must be one of none, {', '.join(KINDS)} (PERAGO_COORD_BACKEND)")
+        return kind
 
     @field_validator("spark_conf", "coord_options", mode="before")
     @classmethod

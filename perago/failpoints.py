@@ -1,13 +1,16 @@
 """Named step boundaries where crash tests kill, pause or fail a worker on purpose.
 
 Enabled by ``PERAGO_FAILPOINTS="after_publish=kill,after_stage=pause:30,after_body=error"``,
-read once when the worker starts. When unset, :func:`hit` is a dict lookup on an empty dict.
+read once when the worker starts. ``stop`` sends the worker SIGSTOP, freezing every thread
+(Conductor lease extension included) until the test sends SIGCONT. When unset, :func:`hit`
+is a dict lookup on an empty dict.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 
@@ -22,8 +25,10 @@ POINTS = (
     "after_body",
     "after_fence1",
     "after_stage",
+    "after_lease",
     "after_fence2",
     "after_publish_fence",
+    "before_reset",
     "after_publish",
     "after_complete",
 )
@@ -42,9 +47,9 @@ def parse(spec: str) -> dict[str, str]:
         name, _, action = item.partition("=")
         if name not in POINTS:
             raise ConfigError(f"unknown failpoint {name!r} in PERAGO_FAILPOINTS; known: {POINTS}")
-        if action not in ("kill", "error") and not action.startswith("pause:"):
+        if action not in ("kill", "stop", "error") and not action.startswith("pause:"):
             raise ConfigError(
-                f"failpoint {name}: action {action!r} must be kill, error or pause:SECONDS"
+                f"failpoint {name}: action {action!r} must be kill, stop, error or pause:SECONDS"
             )
         if action.startswith("pause:"):
             try:
@@ -73,6 +78,9 @@ def hit(name: str) -> None:
     log.warning("failpoint_hit", failpoint=name, action=action)
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "stop":
+        # Directed at this thread: a process-directed SIGSTOP lets the sender run on a while.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     elif action == "error":
         raise FailpointError(f"failpoint {name} raised an error on purpose (PERAGO_FAILPOINTS)")
     else:

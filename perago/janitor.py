@@ -1,8 +1,12 @@
-"""Remove what killed workers leave behind: staging branches of attempts that cannot be live.
+"""Remove what killed workers leave behind: staging branches and expired branch leases.
 
 A staging branch is named after its attempt (``perago-stg-<task id>-p<poll count>``), so
 Conductor says whether the attempt is over. A branch whose task is still IN_PROGRESS with the
 same poll count belongs to a live attempt and is never touched.
+
+A branch lease is removed only when released, or when this process watched it unchanged for
+its takeover time (ttl x clock-skew rate): Conductor's view of the holder's attempt is not
+enough, since a paused holder may still be inside its write window.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import structlog
 
 from perago import metrics
 from perago.adapters.conductor import TaskSnapshot
+from perago.coord.branch_leases import BranchLeases
+from perago.coord.lease import LeaseRecord
 from perago.errors import ConfigError
 from perago.publish.fences import AttemptLedger
 from perago.store import VersionStore
 
-__all__ = ["JanitorReport", "parse_duration", "sweep"]
+__all__ = ["JanitorReport", "parse_duration", "sweep", "sweep_leases"]
 
 log = structlog.get_logger("perago.janitor")
 _STAGING = re.compile(r"^perago-stg-(?P<task>.+)-p(?P<poll>\d+)$")
@@ -85,12 +91,59 @@ def sweep(
                 continue
             if not dry_run:
                 store.delete_branch(repo, branch)
-                metrics.JANITOR_REMOVALS.inc()
+                metrics.JANITOR_REMOVALS.labels("staging_branch").inc()
             report.removed.append((repo, branch, reason))
             log.info(
                 "janitor_removed",
                 repository=repo,
                 staging_branch=branch,
+                reason=reason,
+                dry_run=dry_run,
+            )
+    return report
+
+
+def sweep_leases(
+    leases: BranchLeases,
+    *,
+    repositories: Iterable[str],
+    dry_run: bool = False,
+    watch: timedelta = timedelta(0),
+    sleep: Callable[[float], object] = time.sleep,
+) -> JanitorReport:
+    """Remove released branch leases, and held ones watched unchanged for ``watch``.
+
+    With ``watch`` shorter than the takeover time (ttl x clock-skew rate) only released leases
+    go; with a long enough watch, so does a lease whose holder died.
+    """
+    report = JanitorReport()
+    managers = {repo: leases.manager(repo) for repo in repositories}
+
+    def look() -> dict[str, list[LeaseRecord]]:
+        # Each look also (re)starts the manager's watch of every held lease it sees.
+        return {repo: m.records(f"branches/{repo}/") for repo, m in managers.items()}
+
+    seen = look()
+    if watch > timedelta(0) and any(r.held for records in seen.values() for r in records):
+        log.info("janitor_watching_leases", seconds=watch.total_seconds())
+        sleep(watch.total_seconds())
+        seen = look()
+    for repo, records in seen.items():
+        manager = managers[repo]
+        for record in records:
+            if not manager.is_expired(record):
+                report.kept.append((repo, record.name, f"held by {record.owner}"))
+                continue
+            reason = f"holder {record.owner} silent" if record.held else "released"
+            if not dry_run:
+                if not manager.remove(record):
+                    continue  # renewed or taken meanwhile: it stays
+                metrics.JANITOR_REMOVALS.labels("lease").inc()
+            report.removed.append((repo, record.name, reason))
+            log.info(
+                "janitor_removed_lease",
+                repository=repo,
+                lease=record.name,
                 reason=reason,
                 dry_run=dry_run,
             )

@@ -40,5 +40,7 @@ LEASE_EXTENSIONS = Counter(
 )
 IN_FLIGHT = Gauge("perago_attempts_in_flight", "Attempts running in this worker.")
 JANITOR_REMOVALS = Counter(
-    "perago_janitor_removals_total", "Staging branches removed by the janitor."
+    "perago_janitor_removals_total",
+    "Leftovers removed by the janitor: staging branches and expired branch leases.",
+    ["kind"],
 )

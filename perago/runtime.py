@@ -19,8 +19,8 @@ from perago import failpoints, metrics
 from perago.adapters.conductor import TaskSnapshot
 from perago.config import Settings
 from perago.context import AttemptInfo, _current
+from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseLostError
-from perago.coord.lease import LeaseManager
 from perago.errors import (
     AttemptFenceError,
     GuardrailError,
@@ -85,7 +85,7 @@ class AttemptRunner:
         settings: Settings,
         *,
         spark: Callable[[], Any] | None = None,
-        leases: LeaseManager | None = None,
+        leases: BranchLeases | None = None,
     ) -> None:
         self._store = store
         self._settings = settings

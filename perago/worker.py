@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import FrameType
 from typing import Any
 
@@ -20,6 +21,7 @@ import structlog
 from perago import failpoints, metrics
 from perago.adapters.conductor import ConductorClient, TaskSnapshot
 from perago.config import Settings
+from perago.coord.branch_leases import BranchLeases
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.health import HealthServer
 from perago.runtime import AttemptRunner, Outcome
@@ -52,7 +54,7 @@ class Worker:
         conductor: ConductorClient,
         spark: Any = None,
         http_port: int | None = None,
-        leases: Any = None,
+        leases: BranchLeases | None = None,
     ) -> None:
         if not tasks:
             raise ConfigError("a worker needs at least one task: pass modules that define @task")
@@ -65,6 +67,7 @@ class Worker:
         self._conductor = conductor
         self._spark = spark
         self._store = store
+        self._leases = leases
         self._runner = AttemptRunner(store, conductor, settings, spark=spark, leases=leases)
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.Condition()
@@ -137,13 +140,26 @@ class Worker:
         return server
 
     def _janitor_pass(self) -> None:
-        from perago.janitor import sweep
+        """Staging branches of dead attempts, then leases whose holder died (watched first)."""
+        from perago.janitor import sweep, sweep_leases
 
         try:
-            report = sweep(
-                self._store, self._conductor, repositories=self._store.list_repositories()
-            )
+            repositories = self._store.list_repositories()
+            report = sweep(self._store, self._conductor, repositories=repositories)
             log.info("janitor_pass_done", removed=len(report.removed), kept=len(report.kept))
+            if self._leases is not None:
+                s = self._settings
+                leases = sweep_leases(
+                    self._leases,
+                    repositories=repositories,
+                    watch=s.lease_ttl * s.max_clock_skew_rate + timedelta(seconds=1),
+                    sleep=self._draining.wait,
+                )
+                log.info(
+                    "janitor_lease_pass_done",
+                    removed=len(leases.removed),
+                    kept=len(leases.kept),
+                )
         except PeragoError as e:
             log.warning("janitor_pass_failed", error=e.message)
 

@@ -7,6 +7,7 @@ Options are plain strings named like the settings they come from: option ``bucke
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from perago.coord.store import CoordStore
@@ -14,14 +15,17 @@ from perago.errors import ConfigError
 
 if TYPE_CHECKING:
     from perago.adapters.lakefs import LakeFSStore
+    from perago.config import Settings
+    from perago.coord.branch_leases import BranchLeases
 
-__all__ = ["KINDS", "OPTIONS", "build_store"]
+__all__ = ["KINDS", "OPTIONS", "branch_leases", "build_store", "check_options"]
 
 _AWS = ("endpoint_url", "region", "access_key_id", "secret_access_key")
 
 #: Every backend's options; the first ``required`` ones must be set.
 OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "lakefs": (("repository",), ("branch", "root", "source_branch")),
+    # Without a repository, each target repository holds its own leases.
+    "lakefs": ((), ("repository", "branch", "root", "source_branch")),
     "s3": (("bucket",), ("prefix", *_AWS)),
     "put_and_verify": (("bucket",), ("prefix", *_AWS)),
     "dynamodb": (("table",), ("namespace", "create_table", *_AWS)),
@@ -34,12 +38,12 @@ def _env(name: str) -> str:
     return f"PERAGO_COORD_{name.upper()}"
 
 
-def build_store(kind: str, options: Mapping[str, str], *, lakefs: LakeFSStore | None) -> CoordStore:
-    """A store of ``kind`` ("lakefs" is the default deployment: no extra infrastructure)."""
+def check_options(kind: str, options: Mapping[str, str]) -> dict[str, str]:
+    """The set options of backend ``kind``; ConfigError naming the variable to fix."""
     if kind not in OPTIONS:
         raise ConfigError(
             f"unknown coordination backend {kind!r}: set PERAGO_COORD_BACKEND to one of "
-            f"{', '.join(KINDS)}"
+            f"none, {', '.join(KINDS)}"
         )
     known = {o for required, optional in OPTIONS.values() for o in (*required, *optional)}
     unknown = sorted(k for k, v in options.items() if v and k not in known)
@@ -53,6 +57,22 @@ def build_store(kind: str, options: Mapping[str, str], *, lakefs: LakeFSStore | 
     missing = [_env(o) for o in required if o not in opts]
     if missing:
         raise ConfigError(f"coordination backend {kind} needs {', '.join(missing)}")
+    return opts
+
+
+def build_store(
+    kind: str,
+    options: Mapping[str, str],
+    *,
+    lakefs: LakeFSStore | None,
+    repository: str | None = None,
+) -> CoordStore:
+    """A store of ``kind`` ("lakefs" is the default deployment: no extra infrastructure).
+
+    ``repository`` is where the lakefs backend keeps its records when no
+    ``PERAGO_COORD_REPOSITORY`` is set (the target repository of the lease).
+    """
+    opts = check_options(kind, options)
     aws = {o: opts.get(o) for o in _AWS}
 
     if kind == "memory":
@@ -67,9 +87,15 @@ def build_store(kind: str, options: Mapping[str, str], *, lakefs: LakeFSStore | 
             )
         from perago.coord.lakefs_objects import DEFAULT_BRANCH, DEFAULT_ROOT, LakeFSObjectsStore
 
+        home = opts.get("repository", repository)
+        if not home:
+            raise ConfigError(
+                "coordination backend lakefs needs a repository: set PERAGO_COORD_REPOSITORY, "
+                "or let each target repository hold its own leases (the worker's default)"
+            )
         return LakeFSObjectsStore(
             lakefs,
-            opts["repository"],
+            home,
             branch=opts.get("branch", DEFAULT_BRANCH),
             root=opts.get("root", DEFAULT_ROOT),
             source_branch=opts.get("source_branch"),
@@ -97,3 +123,31 @@ def build_store(kind: str, options: Mapping[str, str], *, lakefs: LakeFSStore | 
     if create in ("true", "1", "yes"):
         store.create_table()
     return store
+
+
+def branch_leases(settings: Settings, lakefs: LakeFSStore | None) -> BranchLeases | None:
+    """The worker's branch leases, or None when ``PERAGO_COORD_BACKEND=none``.
+
+    Options are checked now, so a misconfigured backend stops the worker at start-up; stores
+    are built on first use (per target repository for the lakefs backend without a
+    repository option).
+    """
+    from perago.coord.branch_leases import BranchLeases
+    from perago.coord.lease import LeaseManager
+
+    kind = settings.coord_backend
+    if kind == "none":
+        return None
+    check_options(kind, settings.coord_options)
+
+    def manager(repository: str) -> LeaseManager:
+        store = build_store(kind, settings.coord_options, lakefs=lakefs, repository=repository)
+        return LeaseManager(
+            store, ttl=settings.lease_ttl, max_clock_skew_rate=settings.max_clock_skew_rate
+        )
+
+    # A publisher waits for a busy lease long enough to take over a dead holder's, twice.
+    wait = settings.lease_ttl * settings.max_clock_skew_rate * 2 + timedelta(seconds=5)
+    if kind == "lakefs" and not settings.coord_options.get("repository"):
+        return BranchLeases(manager, wait=wait)
+    return BranchLeases.shared(manager(""), wait=wait)

@@ -66,12 +66,16 @@ class _BranchObjects:
             self._ready = True
 
     def list(self, prefix: str) -> Iterator[ObjectEntry]:
-        self.ensure_branch()
-        for o in self._lakefs.list_objects(self._repo, self._branch, prefix):
-            yield ObjectEntry(o.path, o.size)
+        # Reads never create the branch: a janitor scan must not touch an unused repository.
+        try:
+            for o in self._lakefs.list_objects(self._repo, self._branch, prefix):
+                yield ObjectEntry(o.path, o.size)
+        except NotFoundError:
+            if self._ready:
+                raise
+            return  # no coordination branch yet: no records
 
     def read(self, path: str) -> bytes | None:
-        self.ensure_branch()
         buf = io.BytesIO()
         try:
             self._lakefs.download(self._repo, self._branch, path, buf)

@@ -204,30 +204,39 @@ class LeaseManager:
 
     # -- the janitor -------------------------------------------------------------------------
 
-    def expired(self, prefix: str = "") -> list[LeaseRecord]:
-        """Released leases, and held ones this manager has watched go stale.
-
-        A manager must have seen a record unchanged for ``ttl * max_clock_skew_rate`` to call
-        it stale, so the first call after start-up reports only released leases.
-        """
+    def records(self, prefix: str = "") -> list[LeaseRecord]:
+        """Every lease whose name starts with ``prefix``, held or released."""
         found: list[LeaseRecord] = []
         for key, current in self._store.scan(LEASE_PREFIX + prefix):
             record = _parse(key[len(LEASE_PREFIX) :], current)
-            if record is not None and (not record.held or self._stale(key, record)):
+            if record is not None:
                 found.append(record)
         return found
 
+    def is_expired(self, record: LeaseRecord) -> bool:
+        """Released, or watched by this manager unchanged for ``ttl * max_clock_skew_rate``.
+
+        A manager must have seen a record unchanged for the takeover time to call it stale,
+        so right after start-up only released leases count.
+        """
+        return not record.held or self._stale(_key(record.name), record)
+
+    def expired(self, prefix: str = "") -> list[LeaseRecord]:
+        """The leases :meth:`is_expired` calls expired."""
+        return [r for r in self.records(prefix) if self.is_expired(r)]
+
+    def remove(self, record: LeaseRecord) -> bool:
+        """Delete ``record`` if it is still that very version (a renewal racing wins)."""
+        try:
+            self._store.delete_if(_key(record.name), record.version)
+        except PredicateFailedError:
+            return False
+        log.info("lease_deleted", lease=record.name, owner=record.owner or None)
+        return True
+
     def delete_expired(self, prefix: str = "") -> list[str]:
-        """Delete what :meth:`expired` reports (a renewal racing with it wins); their names."""
-        deleted: list[str] = []
-        for record in self.expired(prefix):
-            try:
-                self._store.delete_if(_key(record.name), record.version)
-            except PredicateFailedError:
-                continue
-            deleted.append(record.name)
-            log.info("lease_deleted", lease=record.name, owner=record.owner or None)
-        return deleted
+        """Delete what :meth:`expired` reports; their names."""
+        return [r.name for r in self.expired(prefix) if self.remove(r)]
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -6,15 +6,16 @@ Conductor and lakeFS say now; nothing is remembered between attempts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from datetime import timedelta
+from collections.abc import Iterator
 from pathlib import Path
 
 import structlog
 
 from perago import failpoints, metrics
-from perago.coord.lease import LeaseManager
+from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.errors import ConflictError, PublishFenceError, StoreError
 from perago.publish.fences import AttemptLedger, HeadDecision, check_attempt, decide_publication
 from perago.publish.identity import (
@@ -42,15 +43,13 @@ class Publisher:
         *,
         worker_id: str,
         parallelism: int = 8,
-        leases: LeaseManager | None = None,
-        lease_wait: timedelta = timedelta(seconds=60),
+        leases: BranchLeases | None = None,
     ) -> None:
         self._store = store
         self._ledger = ledger
         self._worker_id = worker_id
         self._parallelism = parallelism
         self._leases = leases
-        self._lease_wait = lease_wait
 
     def publish(
         self,
@@ -68,8 +67,10 @@ class Publisher:
         if diff.is_empty:
             return self._confirm_noop(me, target, log)
         try:
-            staged = self._stage(me, target, prefix, workspace, diff, log)
-            return self._fence_and_confirm(me, target, staged, log)
+            branch = self._stage(me, target, prefix, workspace, diff, log)
+            with self._branch_lease(me, target, log) as lease:
+                staged = self._commit_staging(me, target, branch, lease, log, **diff.summary())
+                return self._fence_and_confirm(me, target, staged, lease, log)
         finally:
             self.cancel(target.repository, staging_branch_name(me), log)
 
@@ -92,8 +93,9 @@ class Publisher:
             repo, branch = target.repository, staging_branch_name(me)
             if not self._store.has_uncommitted(repo, branch):
                 return self._confirm_noop(me, target, log)
-            staged = self._commit_staging(me, target, branch, log)
-            return self._fence_and_confirm(me, target, staged, log)
+            with self._branch_lease(me, target, log) as lease:
+                staged = self._commit_staging(me, target, branch, lease, log)
+                return self._fence_and_confirm(me, target, staged, lease, log)
         finally:
             self.cancel(target.repository, staging_branch_name(me), log)
 
@@ -102,6 +104,7 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         staged: StagedReference,
+        lease: HeldLease | None,
         log: structlog.stdlib.BoundLogger,
     ) -> str:
         failpoints.hit("after_stage")
@@ -109,7 +112,7 @@ class Publisher:
         log.info("attempt_fence_passed", fence=2)
         failpoints.hit("after_fence2")
         started = time.monotonic()
-        published = self._confirm(me, target, staged, log)
+        published = self._confirm(me, target, staged, lease, log)
         metrics.PUBLISH_SECONDS.labels("publish").observe(time.monotonic() - started)
         failpoints.hit("after_publish")
         return published
@@ -124,7 +127,8 @@ class Publisher:
         workspace: Path,
         diff: Diff,
         log: structlog.stdlib.BoundLogger,
-    ) -> StagedReference:
+    ) -> str:
+        """Upload the diff to a fresh staging branch (committed later, under the lease)."""
         repo = target.repository
         started = time.monotonic()
         branch = self._create_staging_branch(me, target)
@@ -140,13 +144,12 @@ class Publisher:
         )
         if diff.deleted:
             self._store.delete_objects(repo, branch, [prefix + p for p in diff.deleted])
-        staged = self._commit_staging(me, target, branch, log, **diff.summary())
         metrics.STAGE_SECONDS.observe(time.monotonic() - started)
         metrics.FILES.labels("upload").inc(len(diff.uploads))
         metrics.BYTES.labels("upload").inc(
             sum((workspace / p).stat().st_size for p in diff.uploads)
         )
-        return staged
+        return branch
 
     def _create_staging_branch(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
         repo, branch = target.repository, staging_branch_name(me)
@@ -163,10 +166,13 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         branch: str,
+        lease: HeldLease | None,
         log: structlog.stdlib.BoundLogger,
         **counts: int,
     ) -> StagedReference:
+        """Commit the staging branch: the commit that a replacement publication installs."""
         repo = target.repository
+        token = {} if lease is None else {"fencing_token": str(lease.token)}
         # The marker makes two publications from one input ref conflict in lakeFS's atomic
         # 3-way merge, so the store itself rejects the second (docs/protocol.md).
         marker = json.dumps(
@@ -177,7 +183,7 @@ class Publisher:
             repo,
             branch,
             message=f"perago: stage {me.task_type} ({me.reference_name}) of {me.workflow_id}",
-            metadata=me.metadata(target.input_ref, kind="staged"),
+            metadata=me.metadata(target.input_ref, kind="staged", **token),
         )
         if commit.parents[:1] != (target.input_ref,):
             raise StoreError(
@@ -194,6 +200,7 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         staged: StagedReference,
+        lease: HeldLease | None,
         log: structlog.stdlib.BoundLogger,
     ) -> str:
         repo = target.repository
@@ -204,7 +211,7 @@ class Publisher:
         if decision is HeadDecision.LANDED:
             return head.id
         if decision is HeadDecision.REPLACE:
-            self._reset(me, target, head.id, staged.staging_commit, log)
+            self._reset(me, target, head.id, staged.staging_commit, lease, log)
             now = self._store.branch_head(repo, target.branch)
             if now != staged.staging_commit:
                 raise PublishFenceError(
@@ -225,6 +232,7 @@ class Publisher:
                     kind="publication",
                     staged_commit=staged.staging_commit,
                     expected_head=head.id,
+                    **({} if lease is None else {"fencing_token": str(lease.token)}),
                 ),
             )
         except ConflictError as e:
@@ -264,9 +272,37 @@ class Publisher:
                 f"no-op attempt found its own publication {head.id} on {target.branch}; "
                 "this cannot happen for an empty diff: inspect the branch"
             )
-        self._reset(me, target, head.id, target.input_ref, log)
+        with self._branch_lease(me, target, log) as lease:
+            self._reset(me, target, head.id, target.input_ref, lease, log)
         log.info("noop_relocated", ref=target.input_ref, replaced=head.id)
         return target.input_ref
+
+    @contextlib.contextmanager
+    def _branch_lease(
+        self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
+    ) -> Iterator[HeldLease | None]:
+        """Hold the target branch's lease (if configured) from the staged commit to Confirm.
+
+        Its fencing token goes into the staged commit (what a replacement installs) and the
+        merge commit. A publisher killed while holding it delays the next one by the takeover
+        time (ttl x clock-skew rate); the lease is never broken early.
+        """
+        if self._leases is None:
+            yield None
+            return
+        lease = self._leases.acquire(
+            target.repository, target.branch, f"{me.task_id}-p{me.poll_count}"
+        )
+        log.info("branch_lease_acquired", fencing_token=lease.token, branch=target.branch)
+        try:
+            failpoints.hit("after_lease")
+            yield lease
+        finally:
+            try:
+                lease.release()
+                log.info("branch_lease_released", fencing_token=lease.token)
+            except Exception as e:  # noqa: BLE001 - it expires by itself; never mask the result
+                log.warning("lease_release_failed", fencing_token=lease.token, error=str(e))
 
     def _reset(
         self,
@@ -274,38 +310,30 @@ class Publisher:
         target: WorkspaceTarget,
         seen_head: str,
         to: str,
+        lease: HeldLease | None,
         log: structlog.stdlib.BoundLogger,
     ) -> None:
         """Hard-reset the target (no CAS in lakeFS): under the branch lease when configured.
 
-        The lease serializes Perago's resetters of one branch; the reset runs only while the
-        lease surely lasts and the lease is re-checked after it, so a paused holder that lost
-        it stops with LeaseLostError instead of resetting again.
+        The lease serializes Perago's resetters of one branch; the head is re-read under it,
+        the reset runs only while the lease surely lasts and the lease is re-checked after it,
+        so a paused holder that lost it stops with LeaseLostError instead of resetting.
         """
         repo = target.repository
-        if self._leases is None:
+        if lease is None:
             self._keep_reachable(repo, seen_head, me, log)
             self._store.hard_reset(repo, target.branch, to)
             return
-        grant = self._leases.acquire(
-            f"branches/{repo}/{target.branch}",
-            f"{me.task_id}-p{me.poll_count}",
-            wait=self._lease_wait,
-        )
-        log.info("lease_acquired", fencing_token=grant.token)
-        try:
-            if self._store.branch_head(repo, target.branch) != seen_head:
-                raise PublishFenceError(
-                    f"the head of {target.branch} moved while waiting for the branch lease "
-                    f"(saw {seen_head[:12]}); nothing was reset"
-                )
-            self._keep_reachable(repo, seen_head, me, log)
-            self._leases.guarded(
-                grant, lambda _budget: self._store.hard_reset(repo, target.branch, to)
+        if self._store.branch_head(repo, target.branch) != seen_head:
+            raise PublishFenceError(
+                f"the head of {target.branch} moved while this attempt held the branch lease "
+                f"(saw {seen_head[:12]}): a writer outside Perago; nothing was reset"
             )
-            log.info("reset_under_lease", fencing_token=grant.token, ref=to)
-        finally:
-            self._leases.release(grant)
+        self._keep_reachable(repo, seen_head, me, log)
+        lease.renew()
+        failpoints.hit("before_reset")
+        lease.guarded(lambda _budget: self._store.hard_reset(repo, target.branch, to))
+        log.info("reset_under_lease", fencing_token=lease.token, ref=to)
 
     def _keep_reachable(
         self, repo: str, commit_id: str, me: AttemptIdentity, log: structlog.stdlib.BoundLogger

@@ -67,9 +67,15 @@ def put_workflow(conductor: ConductorClient, name: str, tasks: list[dict[str, An
 
 
 def wait_workflow(
-    conductor: ConductorClient, workflow_id: str, *, timeout: float = 120
+    conductor: ConductorClient, workflow_id: str, *, timeout: float = 120, nudge: bool = False
 ) -> dict[str, Any]:
+    """Poll until the workflow ends; ``nudge`` asks Conductor to decide it every 2 s.
+
+    Conductor's embedded queue re-checks a timed-out task only every ~60 s; a decide call
+    makes it notice the response timeout now, as a busy production sweeper would.
+    """
     deadline = time.monotonic() + timeout
+    nudged = 0.0
     while True:
         wf = conductor.get_workflow(workflow_id)
         if wf.get("status") in ("COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED"):
@@ -78,6 +84,9 @@ def wait_workflow(
             raise AssertionError(
                 f"workflow {workflow_id} still {wf.get('status')} after {timeout}s"
             )
+        if nudge and time.monotonic() - nudged > 2:
+            conductor._call("PUT", f"/workflow/decide/{workflow_id}", what="decide")
+            nudged = time.monotonic()
         time.sleep(0.3)
 
 
@@ -124,7 +133,7 @@ class WorkerProcess:
                 *(extra_args or []),
             ],
             cwd=ROOT,
-            env={**os.environ, "PERAGO_POLL_INTERVAL": "0.1", **env},
+            env={**os.environ, "PERAGO_POLL_INTERVAL": "0.1", "PERAGO_LEASE_TTL": "4", **env},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -567,7 +567,7 @@ def test_retry_of_an_unpinned_input_replaces_instead_of_stacking(
     assert [c.id for c in publications(store, repo)] == [head.id]
 
 
-def test_replacement_under_a_lakefs_branch_lease(
+def test_a_paused_lease_holder_loses_to_the_taker(
     env: dict[str, str],
     conductor: ConductorClient,
     store: LakeFSStore,
@@ -575,18 +575,32 @@ def test_replacement_under_a_lakefs_branch_lease(
     unique: str,
     tmp_path: Path,
 ) -> None:
-    """With the lakeFS-objects coordination backend the hard reset runs under a fenced lease."""
-    leased = {**env, "PERAGO_COORD_BACKEND": "lakefs", "PERAGO_COORD_REPOSITORY": repo}
+    """A replacement frozen past its branch lease: the taker gets a higher token and publishes;
+    the sleeper's reset, when it wakes, is refused by the lease check (default backend)."""
     name = _one_step(conductor, unique, {"files": {"l.txt": "leased"}, "stamp_retry": True})
     input_ref = store.branch_head(repo, "main")
     wid = _start(conductor, name, repo, ref=input_ref)
-    with worker({**leased, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "w1.log") as w1:
-        assert w1.proc.wait(timeout=60) == -signal.SIGKILL
-    with worker(leased, tmp_path / "w2.log") as w2:
-        wf = wait_workflow(conductor, wid, timeout=90)
-        reset = w2.wait_for("reset_under_lease")
+    with worker({**env, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "w0.log") as w0:
+        assert w0.proc.wait(timeout=60) == -signal.SIGKILL
+    abandoned = store.branch_head(repo, "main")
+    # Retry 1 takes the lease to replace the abandoned publication and freezes (SIGSTOP, all
+    # threads: no Conductor lease extension either) right before its hard reset.
+    with worker({**env, "PERAGO_FAILPOINTS": "before_reset=stop"}, tmp_path / "w1.log") as w1:
+        w1.wait_for("failpoint_hit", failpoint="before_reset", timeout=90)
+        slept = w1.wait_for("branch_lease_acquired")["fencing_token"]
+        try:
+            with worker(env, tmp_path / "w2.log") as w2:
+                wf = wait_workflow(conductor, wid, timeout=150, nudge=True)
+                reset = w2.wait_for("reset_under_lease")
+        finally:
+            w1.signal(signal.SIGCONT)
+        lost = w1.wait_for("attempt_finished", timeout=60)
     assert wf["status"] == "COMPLETED"
-    assert reset["fencing_token"] >= 1
+    assert reset["fencing_token"] > slept
+    assert lost["status"] == "FAILED" and "lease lost" in lost["reason"]
     head = store.get_commit(repo, store.branch_head(repo, "main"))
-    assert head.parents[0] == input_ref and head.metadata["perago.retry_count"] == "1"
+    assert head.parents[0] == input_ref and head.metadata["perago.retry_count"] == "2"
+    assert head.metadata["perago.fencing_token"] == str(reset["fencing_token"])
     assert [c.id for c in publications(store, repo)] == [head.id]
+    assert store.get_tag(repo, f"perago-replaced-{abandoned[:16]}-r2") == abandoned
+    assert staging_branches(store, repo) == []

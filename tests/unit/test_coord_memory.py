@@ -234,9 +234,29 @@ def test_factory_builds_memory_and_explains_mistakes() -> None:
         build_store("s3", {"bucket": ""}, lakefs=None)
     with pytest.raises(ConfigError, match="backend dynamodb needs PERAGO_COORD_TABLE"):
         build_store("dynamodb", {}, lakefs=None)
-    with pytest.raises(ConfigError, match="backend lakefs needs PERAGO_COORD_REPOSITORY"):
-        build_store("lakefs", {}, lakefs=None)
+    with pytest.raises(ConfigError, match="backend lakefs needs a repository"):
+        build_store("lakefs", {}, lakefs=object())  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="needs a lakeFS connection"):
         build_store("lakefs", {"repository": "r"}, lakefs=None)
     with pytest.raises(ConfigError, match="PERAGO_COORD_BUKET"):
         build_store("s3", {"buket": "b"}, lakefs=None)
+
+
+def test_branch_leases_follow_the_settings() -> None:
+    from perago import config
+    from perago.coord.factory import branch_leases
+
+    assert branch_leases(config.load(env={"PERAGO_COORD_BACKEND": "none"}), None) is None
+    with pytest.raises(ConfigError, match="PERAGO_COORD_BACKEND"):
+        config.load(env={"PERAGO_COORD_BACKEND": "zookeeper"})
+    with pytest.raises(ConfigError, match="backend s3 needs PERAGO_COORD_BUCKET"):
+        branch_leases(config.load(env={"PERAGO_COORD_BACKEND": "s3"}), None)
+    # The default: lakeFS objects in each target repository, built on first use.
+    settings = config.load(env={"PERAGO_LEASE_TTL": "4"})
+    assert settings.coord_backend == "lakefs"
+    leases = branch_leases(settings, None)
+    assert leases is not None and leases.wait.total_seconds() == pytest.approx(4 * 1.5 * 2 + 5)
+    with pytest.raises(ConfigError, match="needs a lakeFS connection"):
+        leases.manager("repo")
+    shared = branch_leases(config.load(env={"PERAGO_COORD_BACKEND": "memory"}), None)
+    assert shared is not None and shared.manager("a") is shared.manager("b")

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import structlog
 
+from perago import failpoints
 from perago.adapters.conductor import TaskSnapshot
+from perago.coord.branch_leases import BranchLeases
+from perago.coord.errors import LeaseBusyError, LeaseLostError
+from perago.coord.lease import LeaseManager
+from perago.coord.memory import MemoryStore as CoordMemory
 from perago.errors import AttemptFenceError, PublishFenceError, StoreError
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.transaction import PUBLICATION_MARKER
@@ -164,58 +170,82 @@ def test_a_merge_whose_answer_was_lost_is_found_in_history(tmp_path: Path) -> No
     assert out == store.branch_head("r", "main") != base
 
 
-def _leases(clock: list[float]) -> object:
-    from datetime import timedelta
-
-    from perago.coord.lease import LeaseManager
-    from perago.coord.memory import MemoryStore as CoordMemory
-
-    return LeaseManager(
+def _leases(clock: list[float], wait: float = 0) -> BranchLeases:
+    manager = LeaseManager(
         CoordMemory(), ttl=timedelta(seconds=10), clock=lambda: clock[0], sleep=lambda s: None
     )
+    return BranchLeases.shared(manager, wait=timedelta(seconds=wait))
 
 
-def test_replacement_runs_under_the_branch_lease_and_releases_it(
+def test_publications_carry_the_fencing_token_of_the_branch_lease(
     store: MemoryStore, tmp_path: Path
 ) -> None:
-    from datetime import timedelta
-
-    clock = [0.0]
-    leases = _leases(clock)
+    leases = _leases([0.0])
     base = store.branch_head("r", "main")
+    me = ident(task="t0")
+    pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     ws, diff = _workspace(tmp_path, "a", "first")
-    _publish(store, ident(task="t0"), ws, diff, base)
-    me = ident(task="t1", retry=1)
-    pub = Publisher(
-        store, StaticLedger(snap(me)), worker_id="w", leases=leases, lease_wait=timedelta(0)
-    )  # type: ignore[arg-type]
+    merged = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff, LOG)
+    merge = store.get_commit("r", merged)
+    staged = store.get_commit("r", merge.parents[1])
+    first = int(merge.metadata["perago.fencing_token"])
+    assert first >= 1 and staged.metadata["perago.fencing_token"] == str(first)
+    # The retry replaces that publication under a later grant: its token is higher.
+    me2 = ident(task="t1", retry=1)
+    pub2 = Publisher(store, StaticLedger(snap(me2)), worker_id="w", leases=leases)
     ws2, diff2 = _workspace(tmp_path, "b", "second")
-    out = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
-    assert out == store.branch_head("r", "main")
-    grant = leases.acquire("branches/r/main", "someone-else")  # type: ignore[attr-defined]
-    assert grant.token >= 2  # the replacement held an earlier grant, and released it
+    out = pub2.publish(me2, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
+    assert int(store.get_commit("r", out).metadata["perago.fencing_token"]) > first
+    # Both released their lease: the next grant is free at once and higher still.
+    grant = leases.acquire("r", "main", "someone-else")
+    assert grant.token > first + 1
 
 
-def test_a_held_branch_lease_blocks_the_reset(store: MemoryStore, tmp_path: Path) -> None:
-    from datetime import timedelta
-
-    from perago.coord.errors import LeaseBusyError
-
-    clock = [0.0]
-    leases = _leases(clock)
+def test_a_held_branch_lease_blocks_the_publication(store: MemoryStore, tmp_path: Path) -> None:
+    leases = _leases([0.0])
     base = store.branch_head("r", "main")
     ws, diff = _workspace(tmp_path, "a", "first")
     abandoned = _publish(store, ident(task="t0"), ws, diff, base)
-    leases.acquire("branches/r/main", "another-publisher")  # type: ignore[attr-defined]
+    leases.acquire("r", "main", "another-publisher")
     me = ident(task="t1", retry=1)
-    pub = Publisher(
-        store, StaticLedger(snap(me)), worker_id="w", leases=leases, lease_wait=timedelta(0)
-    )  # type: ignore[arg-type]
+    pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     ws2, diff2 = _workspace(tmp_path, "b", "second")
     with pytest.raises(LeaseBusyError):
         pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
     assert store.branch_head("r", "main") == abandoned  # nothing was reset
     assert store.list_branches("r", prefix="perago-stg-") == []
+
+
+def test_a_holder_whose_lease_was_taken_over_never_resets(
+    store: MemoryStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The paused-holder story with a fake clock: the taker's later grant wins."""
+    clock = [0.0]
+    leases = _leases(clock)
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "first")
+    abandoned = _publish(store, ident(task="t0"), ws, diff, base)
+    me = ident(task="t1", retry=1)
+    sleeper = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
+    taken: list[int] = []
+
+    def take_over_while_paused(point: str) -> None:
+        if point != "before_reset":
+            return
+        # The sleeper holds the lease; a taker watches it unchanged for ttl x skew, takes it.
+        manager = leases.manager("r")
+        name = "branches/r/main"
+        with pytest.raises(LeaseBusyError):
+            manager.acquire(name, "taker")  # first look starts the watch
+        clock[0] += 15.1
+        taken.append(manager.acquire(name, "taker").token)
+
+    monkeypatch.setattr(failpoints, "hit", take_over_while_paused)
+    ws2, diff2 = _workspace(tmp_path, "b", "second")
+    with pytest.raises(LeaseLostError):
+        sleeper.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
+    assert taken and store.branch_head("r", "main") == abandoned
+    assert taken[0] > int(store.get_commit("r", abandoned).metadata.get("perago.fencing_token", 0))
 
 
 def test_materialize_skips_folder_markers_and_refuses_unsafe_names(tmp_path: Path) -> None:
