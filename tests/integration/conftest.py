@@ -21,6 +21,8 @@ def make_env(
             **stack_env,
             "PERAGO_TEST_SUFFIX": unique,
             "PERAGO_WORK_DIR": str(tmp_path / "work"),
+            # Branch leases (default backend) are taken over after ttl x 1.5 = 6 s.
+            "PERAGO_LEASE_TTL": "4",
             **overrides,
         }
         register_tasks(env, module)

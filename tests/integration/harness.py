@@ -85,9 +85,14 @@ def wait_workflow(
                 f"workflow {workflow_id} still {wf.get('status')} after {timeout}s"
             )
         if nudge and time.monotonic() - nudged > 2:
-            conductor._call("PUT", f"/workflow/decide/{workflow_id}", what="decide")
+            decide_now(conductor, workflow_id)
             nudged = time.monotonic()
         time.sleep(0.3)
+
+
+def decide_now(conductor: ConductorClient, workflow_id: str) -> None:
+    """Ask Conductor to decide the workflow now (see :func:`wait_workflow`)."""
+    conductor._call("PUT", f"/workflow/decide/{workflow_id}", what="decide")
 
 
 def attempts(wf: dict[str, Any], ref: str) -> list[dict[str, Any]]:
@@ -160,6 +165,16 @@ class WorkerProcess:
         raise AssertionError(
             f"no {event} {fields} in worker log:\n{self.log_path.read_text()[-4000:]}"
         )
+
+    def wait_killed(self, conductor: ConductorClient, workflow_id: str, timeout: float = 90) -> int:
+        """Wait for the worker to die at its failpoint, nudging the workflow meanwhile."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker still alive after {timeout}s: {self.log_path}")
+            decide_now(conductor, workflow_id)
+            time.sleep(1)
+        return self.proc.returncode
 
     def signal(self, sig: signal.Signals) -> None:
         if self.proc.poll() is None:

@@ -2,19 +2,25 @@
 
 Invariants (docs/protocol.md): the workflow completes; exactly one publication of the step
 sits on the input ref in the target's first-parent history and it is the reported output;
-no staging branch survives the janitor.
+no staging branch survives the janitor, and no branch lease is left held.
+
+``before_reset`` is only reached by a replacement publication, so for it a first worker
+publishes and dies (an abandoned publication), and the retry is killed before its reset.
 """
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
+from perago.coord.lakefs_objects import LakeFSObjectsStore
+from perago.coord.lease import LeaseManager
 from perago.failpoints import POINTS
 
 from .harness import (
@@ -63,20 +69,28 @@ def test_kill_at_failpoint_then_recover(
     wid = conductor.start_workflow(
         name, {"workspace": {"repository": repo, "branch": "main", "ref": input_ref}}
     )
-    with worker({**env, "PERAGO_FAILPOINTS": f"{point}=kill"}, tmp_path / "killed.log") as w:
-        assert w.proc.wait(timeout=60) == -signal.SIGKILL
-    with worker(env, tmp_path / "fresh.log"):
-        wf = wait_workflow(conductor, wid, timeout=90)
+    kills = ["after_publish", point] if point == "before_reset" else [point]
+    for n, kill in enumerate(kills):
+        failpoint = {"PERAGO_FAILPOINTS": f"{kill}=kill"}
+        with worker({**env, **failpoint}, tmp_path / f"killed{n}.log") as w:
+            assert w.wait_killed(conductor, wid) == -signal.SIGKILL
+    with worker(env, tmp_path / "fresh.log") as fresh:
+        wf = wait_workflow(conductor, wid, timeout=120, nudge=True)
     assert wf["status"] == "COMPLETED"
     steps = attempts(wf, "step")
     if point == "after_complete":
         assert [t["status"] for t in steps] == ["COMPLETED"]  # reported before dying
     else:
-        assert [t["status"] for t in steps] == ["TIMED_OUT", "COMPLETED"]
+        assert [t["status"] for t in steps] == ["TIMED_OUT"] * len(kills) + ["COMPLETED"]
+    if point == "before_reset":
+        assert fresh.wait_for("reset_under_lease")["fencing_token"] > 1
     out = wf["output"]["workspace"]["ref"]
     pubs = publications(store, repo)
     assert [c.id for c in pubs] == [out] == [store.branch_head(repo, "main")]
     assert pubs[0].parents[0] == input_ref
+    leases = LeaseManager(LakeFSObjectsStore(store, repo), ttl=timedelta(seconds=4))
+    assert leases.records() and not [r for r in leases.records() if r.held]
     done = perago_cli(["janitor", "--repository", repo], env)
     assert done.returncode == 0, done.stderr
     assert staging_branches(store, repo) == []
+    assert leases.records() == []  # released leases are tidied away too
