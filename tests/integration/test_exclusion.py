@@ -31,6 +31,7 @@ def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
     return make_env(PERAGO_TEST_RETRIES="0")
 
 
+@pytest.mark.parametrize("leases", ["none", "lakefs"], ids=["merge-marker", "branch-lease"])
 def test_two_publications_from_one_input_ref_exactly_one_lands(
     env: dict[str, str],
     conductor: ConductorClient,
@@ -38,8 +39,14 @@ def test_two_publications_from_one_input_ref_exactly_one_lands(
     repo: str,
     unique: str,
     tmp_path: Path,
+    leases: str,
 ) -> None:
-    """Both attempts pass the publish fence on the same head; lakeFS's merge rejects one."""
+    """Two workflows publish from one input ref at once: exactly one lands, every round.
+
+    Without leases both pass the publish fence on the same head and lakeFS's merge rejects
+    one (the marker). With the branch lease (the default) the second waits for the lease,
+    then its publish fence sees the first publication and refuses.
+    """
     name = f"pt_wf_race_{unique}"
     put_workflow(
         conductor,
@@ -54,7 +61,11 @@ def test_two_publications_from_one_input_ref_exactly_one_lands(
         ],
     )
     # both workers pause after the publish fence, so both saw head == input ref
-    racing = {**env, "PERAGO_FAILPOINTS": "after_publish_fence=pause:1.5"}
+    racing = {
+        **env,
+        "PERAGO_FAILPOINTS": "after_publish_fence=pause:1.5",
+        "PERAGO_COORD_BACKEND": leases,
+    }
     outcomes = []
     with worker(racing, tmp_path / "a.log"), worker(racing, tmp_path / "b.log"):
         for round_ in range(ROUNDS):
@@ -74,9 +85,11 @@ def test_two_publications_from_one_input_ref_exactly_one_lands(
             outcomes.append(statuses)
             assert statuses == ["COMPLETED", "FAILED"], f"round {round_}: {statuses}"
             loser = next(w for w in wfs if w["status"] == "FAILED")
-            assert (
-                "lakeFS rejected the merge" in attempts(loser, "step")[0]["reasonForIncompletion"]
-            )
+            reason = attempts(loser, "step")[0]["reasonForIncompletion"]
+            if leases == "none":
+                assert "lakeFS rejected the merge" in reason
+            else:
+                assert "publish fence" in reason and "not by an earlier attempt" in reason
             winner = next(w for w in wfs if w["status"] == "COMPLETED")
             head = store.get_commit(repo, store.branch_head(repo, "main"))
             assert head.id == winner["output"]["workspace"]["ref"]

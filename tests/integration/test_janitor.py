@@ -62,11 +62,14 @@ def test_orphan_staging_branch_removed_live_one_kept(
         live.wait_for("failpoint_hit", failpoint="after_stage", timeout=60)
         assert len(staging_branches(store, repo)) == 2
         live_branch = next(b for b in staging_branches(store, repo) if b != orphan)
-        dry = perago_cli(["janitor", "--dry-run", "--repository", repo], env)
+        janitor = ["janitor", "--repository", repo, "--lease-watch", "0s"]
+        dry = perago_cli([*janitor, "--dry-run"], env)
         assert dry.returncode == 0, dry.stderr
         assert f"would remove {repo}/{orphan}" in dry.stdout and live_branch not in dry.stdout
+        # the live attempt holds its branch lease (the killed one's was taken over)
+        assert f"kept lease branches/{repo}/main: held by" in dry.stdout
         assert orphan in staging_branches(store, repo)
-        done = perago_cli(["janitor", "--repository", repo], env)
+        done = perago_cli(janitor, env)
         assert done.returncode == 0, done.stderr
         assert staging_branches(store, repo) == [live_branch]
         wf = wait_workflow(conductor, wid, timeout=60)

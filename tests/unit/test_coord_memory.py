@@ -260,3 +260,41 @@ def test_branch_leases_follow_the_settings() -> None:
         leases.manager("repo")
     shared = branch_leases(config.load(env={"PERAGO_COORD_BACKEND": "memory"}), None)
     assert shared is not None and shared.manager("a") is shared.manager("b")
+
+
+def test_janitor_removes_released_leases_and_watched_dead_ones_only() -> None:
+    from perago.coord.branch_leases import BranchLeases
+    from perago.coord.lease import LeaseManager
+    from perago.janitor import sweep_leases
+
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    store = MemoryStore()
+    manager = LeaseManager(store, ttl=timedelta(seconds=4), clock=lambda: clock[0], sleep=sleep)
+    leases = BranchLeases.shared(manager, wait=timedelta(0))
+    done = leases.acquire("r", "done", "w-finished")
+    done.release()
+    leases.acquire("r", "dead", "w-killed")
+    live = leases.acquire("r", "live", "w-alive")
+    leases.acquire("other", "main", "w-elsewhere")
+
+    first = sweep_leases(leases, repositories=["r"])  # no watch: only released ones
+    assert [name for _, name, _ in first.removed] == ["branches/r/done"]
+    assert sorted(name for _, name, _ in first.kept) == ["branches/r/dead", "branches/r/live"]
+
+    def renew_meanwhile(seconds: float) -> None:
+        live.renew()  # the live holder renews while the janitor watches
+        sleep(seconds)
+
+    report = sweep_leases(
+        leases, repositories=["r"], watch=timedelta(seconds=6.5), sleep=renew_meanwhile
+    )
+    assert [(n, why) for _, n, why in report.removed] == [
+        ("branches/r/dead", "holder w-killed silent")
+    ]
+    assert [name for _, name, _ in report.kept] == ["branches/r/live"]
+    assert {r.name for r in manager.records()} == {"branches/r/live", "branches/other/main"}
+    manager.check(live.grant)  # untouched
