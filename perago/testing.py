@@ -204,7 +204,9 @@ class MemoryStore:
             repo.branches[destination] = commit.id
             return commit.id
 
-    def hard_reset(self, repository: str, branch: str, ref: str) -> None:
+    def hard_reset(
+        self, repository: str, branch: str, ref: str, *, timeout: float | None = None
+    ) -> None:
         with self._lock:
             repo = self._repo(repository)
             repo.branches[branch] = self._resolve(repo, ref)

@@ -111,9 +111,16 @@ class LakeFSStore:
         self._http.clear()
         self._client.close()
 
-    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _call(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: Any,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> T:
         try:
-            return fn(*args, _request_timeout=self._timeout, **kwargs)
+            return fn(*args, _request_timeout=timeout or self._timeout, **kwargs)
         except ApiException as e:
             raise _translate(e, what) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
@@ -277,13 +284,17 @@ class LakeFSStore:
         )
         return str(result.reference)
 
-    def hard_reset(self, repository: str, branch: str, ref: str) -> None:
+    def hard_reset(
+        self, repository: str, branch: str, ref: str, *, timeout: float | None = None
+    ) -> None:
+        """Never retried: a branch lease caps it with ``timeout`` (see Publisher._reset)."""
         self._call(
             f"hard-reset {repository}/{branch} to {ref}",
             self.experimental.hard_reset_branch,
             repository,
             branch,
             ref,
+            timeout=timeout,
         )
 
     # -- objects ----------------------------------------------------------------------------

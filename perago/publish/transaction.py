@@ -332,7 +332,9 @@ class Publisher:
         self._keep_reachable(repo, seen_head, me, log)
         lease.renew()
         failpoints.hit("before_reset")
-        lease.guarded(lambda _budget: self._store.hard_reset(repo, target.branch, to))
+        lease.guarded(
+            lambda budget: self._store.hard_reset(repo, target.branch, to, timeout=budget)
+        )
         log.info("reset_under_lease", fencing_token=lease.token, ref=to)
 
     def _keep_reachable(
