@@ -48,7 +48,8 @@ bench: install
 
 ## soak: long race and crash loops and the 100k-file workspace (figures in docs/)
 soak: install
-	PERAGO_RACE_ROUNDS=30 PERAGO_MANY_FILES=100000 $(BIN)/pytest -q -ra --durations=0 \
+	PERAGO_RACE_ROUNDS=30 PERAGO_CRASH_ROUNDS=3 PERAGO_MANY_FILES=100000 \
+		$(BIN)/pytest -q -ra --durations=0 \
 		tests/integration/test_exclusion.py tests/integration/test_bad_input.py \
 		tests/integration/test_crash_suite.py
 

@@ -10,6 +10,7 @@ publishes and dies (an abandoned publication), and the retry is killed before it
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from datetime import timedelta
@@ -35,6 +36,7 @@ from .harness import (
 )
 
 pytestmark = pytest.mark.integration
+ROUNDS = int(os.environ.get("PERAGO_CRASH_ROUNDS", "1"))
 
 
 @pytest.fixture
@@ -42,6 +44,7 @@ def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
     return make_env(PERAGO_TEST_RESPONSE_TIMEOUT="4", PERAGO_JANITOR_ON_START="false")
 
 
+@pytest.mark.parametrize("round_", range(ROUNDS))
 @pytest.mark.parametrize("point", POINTS)
 def test_kill_at_failpoint_then_recover(
     env: dict[str, str],
@@ -51,6 +54,7 @@ def test_kill_at_failpoint_then_recover(
     unique: str,
     tmp_path: Path,
     point: str,
+    round_: int,
 ) -> None:
     name = f"pt_wf_crash_{unique}"
     put_workflow(
