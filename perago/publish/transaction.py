@@ -61,16 +61,12 @@ class Publisher:
         log: structlog.stdlib.BoundLogger,
     ) -> str:
         """Fence, stage, fence, confirm; returns the ref the target branch now holds."""
-        check_attempt(self._ledger, me, worker_id=self._worker_id)
-        log.info("attempt_fence_passed", fence=1)
-        failpoints.hit("after_fence1")
+        self._fence(me, log, 1)
         if diff.is_empty:
             return self._confirm_noop(me, target, log)
         try:
             branch = self._stage(me, target, prefix, workspace, diff, log)
-            with self._branch_lease(me, target, log) as lease:
-                staged = self._commit_staging(me, target, branch, lease, log, **diff.summary())
-                return self._fence_and_confirm(me, target, staged, lease, log)
+            return self._commit_and_confirm(me, target, branch, log, **diff.summary())
         finally:
             self.cancel(target.repository, staging_branch_name(me), log)
 
@@ -87,35 +83,37 @@ class Publisher:
     ) -> str:
         """Commit what the body wrote on the staging branch, then the same fences and Confirm."""
         try:
-            check_attempt(self._ledger, me, worker_id=self._worker_id)
-            log.info("attempt_fence_passed", fence=1)
-            failpoints.hit("after_fence1")
+            self._fence(me, log, 1)
             repo, branch = target.repository, staging_branch_name(me)
             if not self._store.has_uncommitted(repo, branch):
                 return self._confirm_noop(me, target, log)
-            with self._branch_lease(me, target, log) as lease:
-                staged = self._commit_staging(me, target, branch, lease, log)
-                return self._fence_and_confirm(me, target, staged, lease, log)
+            return self._commit_and_confirm(me, target, branch, log)
         finally:
             self.cancel(target.repository, staging_branch_name(me), log)
 
-    def _fence_and_confirm(
+    def _fence(self, me: AttemptIdentity, log: structlog.stdlib.BoundLogger, n: int) -> None:
+        check_attempt(self._ledger, me, worker_id=self._worker_id)
+        log.info("attempt_fence_passed", fence=n)
+        failpoints.hit(f"after_fence{n}")
+
+    def _commit_and_confirm(
         self,
         me: AttemptIdentity,
         target: WorkspaceTarget,
-        staged: StagedReference,
-        lease: HeldLease | None,
+        branch: str,
         log: structlog.stdlib.BoundLogger,
+        **counts: int,
     ) -> str:
-        failpoints.hit("after_stage")
-        check_attempt(self._ledger, me, worker_id=self._worker_id)
-        log.info("attempt_fence_passed", fence=2)
-        failpoints.hit("after_fence2")
-        started = time.monotonic()
-        published = self._confirm(me, target, staged, lease, log)
-        metrics.PUBLISH_SECONDS.labels("publish").observe(time.monotonic() - started)
-        failpoints.hit("after_publish")
-        return published
+        """Under the branch lease: the staged commit, attempt fence 2, publish fence, Confirm."""
+        with self._branch_lease(me, target, log) as lease:
+            staged = self._commit_staging(me, target, branch, lease, log, **counts)
+            failpoints.hit("after_stage")
+            self._fence(me, log, 2)
+            started = time.monotonic()
+            published = self._confirm(me, target, staged, lease, log)
+            metrics.PUBLISH_SECONDS.labels("publish").observe(time.monotonic() - started)
+            failpoints.hit("after_publish")
+            return published
 
     # -- Try ---------------------------------------------------------------------------------
 

@@ -66,6 +66,30 @@ def put_workflow(conductor: ConductorClient, name: str, tasks: list[dict[str, An
     )
 
 
+def one_step(conductor: ConductorClient, name: str, task: str, params: Any) -> str:
+    """Define workflow ``name``: one step ``step`` of ``task`` on the workflow's workspace."""
+    put_workflow(
+        conductor, name, [simple_task(task, "step", "${workflow.input.workspace}", params)]
+    )
+    return name
+
+
+def start(
+    conductor: ConductorClient,
+    name: str,
+    repo: str,
+    *,
+    ref: str | None = None,
+    branch: str = "main",
+    **inputs: Any,
+) -> str:
+    """Start ``name`` on ``repo``/``branch`` (pinned to ``ref`` if given); the workflow id."""
+    workspace: dict[str, Any] = {"repository": repo, "branch": branch}
+    if ref is not None:
+        workspace["ref"] = ref
+    return conductor.start_workflow(name, {"workspace": workspace, **inputs})
+
+
 def wait_workflow(
     conductor: ConductorClient, workflow_id: str, *, timeout: float = 120, nudge: bool = False
 ) -> dict[str, Any]:

@@ -14,10 +14,10 @@ from perago.adapters.lakefs import LakeFSStore
 
 from .harness import (
     attempts,
+    one_step,
     publications,
-    put_workflow,
-    simple_task,
     staging_branches,
+    start,
     wait_workflow,
     worker,
 )
@@ -40,15 +40,11 @@ def _run(
     params: dict[str, Any],
 ) -> dict[str, Any]:
     name = f"pt_wf_bad_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [simple_task(f"pt_write_{unique}", "step", "${workflow.input.workspace}", params)],
-    )
+    one_step(conductor, name, f"pt_write_{unique}", params)
     with worker({**env, "PERAGO_TRANSFER_PARALLELISM": "16"}, tmp_path / "w.log"):
         return wait_workflow(
             conductor,
-            conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}}),
+            start(conductor, name, repo),
             timeout=900,
         )
 

@@ -26,11 +26,11 @@ from perago.failpoints import POINTS
 
 from .harness import (
     attempts,
+    one_step,
     perago_cli,
     publications,
-    put_workflow,
-    simple_task,
     staging_branches,
+    start,
     wait_workflow,
     worker,
 )
@@ -57,22 +57,9 @@ def test_kill_at_failpoint_then_recover(
     round_: int,
 ) -> None:
     name = f"pt_wf_crash_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [
-            simple_task(
-                f"pt_write_{unique}",
-                "step",
-                "${workflow.input.workspace}",
-                {"files": {"c.txt": point}},
-            )
-        ],
-    )
+    one_step(conductor, name, f"pt_write_{unique}", {"files": {"c.txt": point}})
     input_ref = store.branch_head(repo, "main")
-    wid = conductor.start_workflow(
-        name, {"workspace": {"repository": repo, "branch": "main", "ref": input_ref}}
-    )
+    wid = start(conductor, name, repo, ref=input_ref)
     kills = ["after_publish", point] if point == "before_reset" else [point]
     for n, kill in enumerate(kills):
         failpoint = {"PERAGO_FAILPOINTS": f"{kill}=kill"}

@@ -14,10 +14,10 @@ from perago.publish.expected_head_hook import install
 
 from .harness import (
     attempts,
+    one_step,
     publications,
-    put_workflow,
-    simple_task,
     staging_branches,
+    start,
     wait_workflow,
     worker,
 )
@@ -48,18 +48,7 @@ def test_two_publications_from_one_input_ref_exactly_one_lands(
     then its publish fence sees the first publication and refuses.
     """
     name = f"pt_wf_race_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [
-            simple_task(
-                f"pt_write_{unique}",
-                "step",
-                "${workflow.input.workspace}",
-                {"files": "${workflow.input.files}"},
-            )
-        ],
-    )
+    one_step(conductor, name, f"pt_write_{unique}", {"files": "${workflow.input.files}"})
     # both workers pause after the publish fence, so both saw head == input ref
     racing = {
         **env,
@@ -112,22 +101,9 @@ def test_foreign_commit_between_fence_and_merge(
         assert install(store, repo, "main") is not None
         assert install(store, repo, "main") is None  # idempotent
     name = f"pt_wf_foreign_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [
-            simple_task(
-                f"pt_write_{unique}",
-                "step",
-                "${workflow.input.workspace}",
-                {"files": {"p.txt": "perago"}},
-            )
-        ],
-    )
+    one_step(conductor, name, f"pt_write_{unique}", {"files": {"p.txt": "perago"}})
     input_ref = store.branch_head(repo, "main")
-    wid = conductor.start_workflow(
-        name, {"workspace": {"repository": repo, "branch": "main", "ref": input_ref}}
-    )
+    wid = start(conductor, name, repo, ref=input_ref)
     with worker(
         {**env, "PERAGO_FAILPOINTS": "after_publish_fence=pause:3"}, tmp_path / "w.log"
     ) as w:

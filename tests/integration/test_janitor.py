@@ -12,10 +12,10 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 
 from .harness import (
+    one_step,
     perago_cli,
-    put_workflow,
-    simple_task,
     staging_branches,
+    start,
     wait_workflow,
     worker,
 )
@@ -37,19 +37,8 @@ def test_orphan_staging_branch_removed_live_one_kept(
     tmp_path: Path,
 ) -> None:
     name = f"pt_wf_jan_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [
-            simple_task(
-                f"pt_write_{unique}",
-                "step",
-                "${workflow.input.workspace}",
-                {"files": {"j.txt": "j"}},
-            )
-        ],
-    )
-    wid = conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}})
+    one_step(conductor, name, f"pt_write_{unique}", {"files": {"j.txt": "j"}})
+    wid = start(conductor, name, repo)
     quiet = {**env, "PERAGO_JANITOR_ON_START": "false"}
     with worker({**quiet, "PERAGO_FAILPOINTS": "after_stage=kill"}, tmp_path / "killed.log") as w:
         assert w.proc.wait(timeout=60) == -signal.SIGKILL
@@ -86,19 +75,8 @@ def test_worker_start_runs_a_janitor_pass(
     tmp_path: Path,
 ) -> None:
     name = f"pt_wf_jan2_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [
-            simple_task(
-                f"pt_write_{unique}",
-                "step",
-                "${workflow.input.workspace}",
-                {"files": {"k.txt": "k"}},
-            )
-        ],
-    )
-    wid = conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}})
+    one_step(conductor, name, f"pt_write_{unique}", {"files": {"k.txt": "k"}})
+    wid = start(conductor, name, repo)
     with worker(
         {**env, "PERAGO_JANITOR_ON_START": "false", "PERAGO_FAILPOINTS": "after_stage=kill"},
         tmp_path / "k.log",

@@ -21,10 +21,10 @@ from workers.orders.data import generate_orders
 from .harness import (
     ROOT,
     attempts,
+    one_step,
     publications,
-    put_workflow,
-    simple_task,
     staging_branches,
+    start,
     wait_workflow,
     worker,
 )
@@ -166,15 +166,11 @@ def test_spark_task_on_a_standalone_cluster(
     store.upload(repo, "main", "spark/in/part-0.csv", src)
     store.commit(repo, "main", message="seed", metadata={})
     name = f"ps_cluster_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [simple_task(f"ps_local_{unique}", "step", "${workflow.input.workspace}", {})],
-    )
+    one_step(conductor, name, f"ps_local_{unique}", {})
     with worker(env, tmp_path / "w.log", module=module) as w:
         wf = wait_workflow(
             conductor,
-            conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}}),
+            start(conductor, name, repo),
             timeout=300,
         )
         started = w.wait_for("spark_session_started")

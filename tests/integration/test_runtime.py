@@ -16,12 +16,14 @@ from perago.adapters.lakefs import LakeFSStore
 
 from .harness import (
     attempts,
+    one_step,
     perago_cli,
     publications,
     put_workflow,
     register_tasks,
     simple_task,
     staging_branches,
+    start,
     wait_workflow,
     worker,
 )
@@ -37,22 +39,7 @@ def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
 def _one_step(
     conductor: ConductorClient, unique: str, params: dict[str, Any], kind: str = "write"
 ) -> str:
-    name = f"pt_wf_{kind}_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [simple_task(f"pt_{kind}_{unique}", "step", "${workflow.input.workspace}", params)],
-    )
-    return name
-
-
-def _start(
-    conductor: ConductorClient, name: str, repo: str, ref: str | None = None, branch: str = "main"
-) -> str:
-    ws: dict[str, Any] = {"repository": repo, "branch": branch}
-    if ref is not None:
-        ws["ref"] = ref
-    return conductor.start_workflow(name, {"workspace": ws})
+    return one_step(conductor, f"pt_wf_{kind}_{unique}", f"pt_{kind}_{unique}", params)
 
 
 def _text(store: LakeFSStore, repo: str, ref: str, path: str) -> str:
@@ -87,7 +74,7 @@ def test_two_step_workflow_publishes_once_and_chains_refs(
     )
     input_ref = store.branch_head(repo, "main")
     with worker(env, tmp_path / "w.log"):
-        wf = wait_workflow(conductor, _start(conductor, name, repo))
+        wf = wait_workflow(conductor, start(conductor, name, repo))
     assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
     write, read = attempts(wf, "write")[-1], attempts(wf, "read")[-1]
     published = write["outputData"]["workspace"]["ref"]
@@ -115,7 +102,7 @@ def test_read_only_discards_writes_and_keeps_ref(
     name = _one_step(conductor, unique, {"scribble": True}, kind="read")
     head = store.branch_head(repo, "main")
     with worker(env, tmp_path / "w.log"):
-        wf = wait_workflow(conductor, _start(conductor, name, repo))
+        wf = wait_workflow(conductor, start(conductor, name, repo))
     assert wf["status"] == "COMPLETED"
     assert wf["output"]["workspace"]["ref"] == head
     assert store.branch_head(repo, "main") == head
@@ -133,7 +120,7 @@ def test_writable_noop_makes_no_commit(
     name = _one_step(conductor, unique, {})
     head = store.branch_head(repo, "main")
     with worker(env, tmp_path / "w.log") as w:
-        wf = wait_workflow(conductor, _start(conductor, name, repo))
+        wf = wait_workflow(conductor, start(conductor, name, repo))
         w.wait_for("noop_completed")
     assert wf["status"] == "COMPLETED"
     assert wf["output"]["workspace"]["ref"] == head
@@ -151,7 +138,7 @@ def test_same_size_rewrite_is_published(
 ) -> None:
     first = _one_step(conductor, unique, {"files": {"x.txt": "AAAA"}})
     with worker(env, tmp_path / "w.log"):
-        assert wait_workflow(conductor, _start(conductor, first, repo))["status"] == "COMPLETED"
+        assert wait_workflow(conductor, start(conductor, first, repo))["status"] == "COMPLETED"
         second = f"pt_wf_rewrite_{unique}"
         put_workflow(
             conductor,
@@ -165,7 +152,7 @@ def test_same_size_rewrite_is_published(
                 )
             ],
         )
-        wf = wait_workflow(conductor, _start(conductor, second, repo))
+        wf = wait_workflow(conductor, start(conductor, second, repo))
     assert wf["status"] == "COMPLETED"
     assert _text(store, repo, wf["output"]["workspace"]["ref"], "data/x.txt") == "BBBB"
     assert len(publications(store, repo)) == 2
@@ -181,7 +168,7 @@ def test_deletes_are_published(
 ) -> None:
     first = _one_step(conductor, unique, {"files": {f"f{i}.txt": str(i) for i in range(5)}})
     with worker(env, tmp_path / "w.log"):
-        assert wait_workflow(conductor, _start(conductor, first, repo))["status"] == "COMPLETED"
+        assert wait_workflow(conductor, start(conductor, first, repo))["status"] == "COMPLETED"
         second = f"pt_wf_del_{unique}"
         put_workflow(
             conductor,
@@ -195,7 +182,7 @@ def test_deletes_are_published(
                 )
             ],
         )
-        wf = wait_workflow(conductor, _start(conductor, second, repo))
+        wf = wait_workflow(conductor, start(conductor, second, repo))
     assert wf["status"] == "COMPLETED"
     ref = wf["output"]["workspace"]["ref"]
     assert sorted(o.path for o in store.list_objects(repo, ref, "data/")) == [
@@ -299,7 +286,7 @@ def test_failures_publish_nothing(
     name = _one_step(conductor, unique, params)
     head = store.branch_head(repo, "main")
     with worker(env, tmp_path / "w.log"):
-        wf = wait_workflow(conductor, _start(conductor, name, repo))
+        wf = wait_workflow(conductor, start(conductor, name, repo))
     steps = attempts(wf, "step")
     assert wf["status"] == "FAILED"
     assert steps[0]["status"] == status
@@ -320,7 +307,7 @@ def test_worker_killed_after_publish_retry_replaces_abandoned_publication(
 ) -> None:
     name = _one_step(conductor, unique, {"files": {"out.txt": "data"}})
     input_ref = store.branch_head(repo, "main")
-    wid = _start(conductor, name, repo, ref=input_ref)
+    wid = start(conductor, name, repo, ref=input_ref)
     with worker({**env, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "w1.log") as w1:
         assert w1.proc.wait(timeout=60) == -signal.SIGKILL
     abandoned = store.branch_head(repo, "main")
@@ -352,7 +339,7 @@ def test_noop_retry_relocates_abandoned_publication(
 ) -> None:
     name = _one_step(conductor, unique, {"files": {"once.txt": "x"}, "only_on_first_attempt": True})
     input_ref = store.branch_head(repo, "main")
-    wid = _start(conductor, name, repo, ref=input_ref)
+    wid = start(conductor, name, repo, ref=input_ref)
     with worker({**env, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "w1.log") as w1:
         assert w1.proc.wait(timeout=60) == -signal.SIGKILL
     assert store.branch_head(repo, "main") != input_ref
@@ -374,7 +361,7 @@ def test_stale_attempt_fails_its_fence_and_publishes_nothing(
 ) -> None:
     name = _one_step(conductor, unique, {"files": {"v.txt": "value"}})
     input_ref = store.branch_head(repo, "main")
-    wid = _start(conductor, name, repo, ref=input_ref)
+    wid = start(conductor, name, repo, ref=input_ref)
     with worker(
         {**env, "PERAGO_FAILPOINTS": "after_body=pause:3"}, tmp_path / "stale.log"
     ) as stale:
@@ -407,7 +394,7 @@ def test_foreign_head_is_never_replaced(
     register_tasks(env)
     name = _one_step(conductor, unique, {"files": {"mine.txt": "perago"}})
     input_ref = store.branch_head(repo, "main")
-    wid = _start(conductor, name, repo, ref=input_ref)
+    wid = start(conductor, name, repo, ref=input_ref)
     with worker({**env, "PERAGO_FAILPOINTS": "after_fence2=pause:4"}, tmp_path / "w.log") as w:
         w.wait_for("failpoint_hit", failpoint="after_fence2")
         # someone else commits on the target branch, on top of the same input ref
@@ -490,7 +477,7 @@ def test_lease_extension_keeps_a_long_body_alive(
     """The body outlives the 6 s response timeout; lease extension keeps it the only attempt."""
     name = _one_step(conductor, unique, {"files": {"slow.txt": "s"}, "sleep": 14})
     with worker(env, tmp_path / "w.log"):
-        wf = wait_workflow(conductor, _start(conductor, name, repo))
+        wf = wait_workflow(conductor, start(conductor, name, repo))
     assert wf["status"] == "COMPLETED"
     assert [t["status"] for t in attempts(wf, "step")] == ["COMPLETED"]
     assert len(publications(store, repo)) == 1
@@ -505,7 +492,7 @@ def test_sigterm_lets_the_in_flight_attempt_finish_and_publish_once(
     tmp_path: Path,
 ) -> None:
     name = _one_step(conductor, unique, {"files": {"drain.txt": "d"}, "sleep": 3})
-    wid = _start(conductor, name, repo)
+    wid = start(conductor, name, repo)
     with worker({**env, "PERAGO_SHUTDOWN_GRACE": "30"}, tmp_path / "w.log") as w:
         w.wait_for("pre_guardrails_passed")
         assert w.stop(timeout=60) == 0
@@ -527,7 +514,7 @@ def test_an_attempt_outliving_the_grace_is_failed_and_retried_elsewhere(
     name = _one_step(
         conductor, unique, {"files": {"late.txt": "l"}, "sleep": 20, "only_on_first_attempt": False}
     )
-    wid = _start(conductor, name, repo)
+    wid = start(conductor, name, repo)
     with worker({**env, "PERAGO_SHUTDOWN_GRACE": "1"}, tmp_path / "w1.log") as w:
         w.wait_for("pre_guardrails_passed")
         assert w.stop(timeout=60) == 0
@@ -555,7 +542,7 @@ def test_retry_of_an_unpinned_input_replaces_instead_of_stacking(
     publication of its own step as its input (that would publish the step twice)."""
     name = _one_step(conductor, unique, {"files": {"u.txt": "unpinned"}, "stamp_retry": True})
     input_ref = store.branch_head(repo, "main")
-    wid = _start(conductor, name, repo)  # no ref
+    wid = start(conductor, name, repo)  # no ref
     with worker({**env, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "w1.log") as w1:
         assert w1.proc.wait(timeout=60) == -signal.SIGKILL
     with worker(env, tmp_path / "w2.log") as w2:
@@ -579,7 +566,7 @@ def test_a_paused_lease_holder_loses_to_the_taker(
     the sleeper's reset, when it wakes, is refused by the lease check (default backend)."""
     name = _one_step(conductor, unique, {"files": {"l.txt": "leased"}, "stamp_retry": True})
     input_ref = store.branch_head(repo, "main")
-    wid = _start(conductor, name, repo, ref=input_ref)
+    wid = start(conductor, name, repo, ref=input_ref)
     with worker({**env, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "w0.log") as w0:
         assert w0.proc.wait(timeout=60) == -signal.SIGKILL
     abandoned = store.branch_head(repo, "main")

@@ -18,10 +18,10 @@ from perago.dev import stack
 
 from .harness import (
     attempts,
+    one_step,
     publications,
-    put_workflow,
-    simple_task,
     staging_branches,
+    start,
     wait_workflow,
     worker,
 )
@@ -43,22 +43,9 @@ def test_server_restart_mid_attempt(
         pytest.skip("restarting servers needs the stack from `perago dev up`")
     env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="120", PERAGO_JANITOR_ON_START="false")
     name = f"pt_wf_restart_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [
-            simple_task(
-                f"pt_write_{unique}",
-                "step",
-                "${workflow.input.workspace}",
-                {"files": {"r.txt": service}},
-            )
-        ],
-    )
+    one_step(conductor, name, f"pt_write_{unique}", {"files": {"r.txt": service}})
     input_ref = store.branch_head(repo, "main")
-    wid = conductor.start_workflow(
-        name, {"workspace": {"repository": repo, "branch": "main", "ref": input_ref}}
-    )
+    wid = start(conductor, name, repo, ref=input_ref)
     with worker({**env, "PERAGO_FAILPOINTS": "after_stage=pause:1"}, tmp_path / "w.log") as w:
         w.wait_for("failpoint_hit", failpoint="after_stage")
         stack.restart(service)  # the attempt resumes against a server that went away

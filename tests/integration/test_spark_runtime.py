@@ -16,6 +16,7 @@ from .harness import (
     put_workflow,
     simple_task,
     staging_branches,
+    start,
     wait_workflow,
     worker,
 )
@@ -56,7 +57,7 @@ def _run(
     with worker(env, tmp_path / "w.log", module=MODULE):
         return wait_workflow(
             conductor,
-            conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}}),
+            start(conductor, name, repo),
             timeout=300,
         )
 

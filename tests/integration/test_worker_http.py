@@ -13,7 +13,15 @@ import pytest
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 
-from .harness import WorkerProcess, put_workflow, register_tasks, simple_task, wait_workflow
+from .harness import (
+    WorkerProcess,
+    one_step,
+    put_workflow,
+    register_tasks,
+    simple_task,
+    start,
+    wait_workflow,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -48,18 +56,7 @@ def test_probes_and_metrics(
     }
     register_tasks(env)
     name = f"pt_wf_http_{unique}"
-    put_workflow(
-        conductor,
-        name,
-        [
-            simple_task(
-                f"pt_write_{unique}",
-                "step",
-                "${workflow.input.workspace}",
-                {"files": {"m.txt": "m"}},
-            )
-        ],
-    )
+    one_step(conductor, name, f"pt_write_{unique}", {"files": {"m.txt": "m"}})
     port = _free_port()
     w = WorkerProcess(env, tmp_path / "w.log", extra_args=["--http-port", str(port)])
     try:
@@ -69,7 +66,7 @@ def test_probes_and_metrics(
         assert _get(base + "/readyz") == (200, "ready\n")
         wf = wait_workflow(
             conductor,
-            conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}}),
+            start(conductor, name, repo),
         )
         assert wf["status"] == "COMPLETED"
         # the attempt thread leaves the in-flight gauge just after reporting: wait for it
