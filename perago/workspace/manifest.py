@@ -1,7 +1,12 @@
 """What was materialized, and what changed since: the manifest and the diff.
 
-Change detection uses size and a content checksum, never timestamps: a same-size rewrite
-within the same second is a change (``lakectl local`` misses it).
+Change detection uses size and a content checksum, never modification times: a same-size
+rewrite within the same second is a change (``lakectl local`` misses it). Hashing every
+unchanged file is the cost, so a file is skipped only when the kernel proves it untouched:
+same inode, size and *ctime* (which no user call can set back) as recorded at materialize,
+and that ctime strictly older than a probe file the filesystem stamped after the last
+download (``settled_ns``, racy-git's rule). A file changed in the same clock tick as the
+probe is hashed, so the filesystem's timestamp granularity never hides a change.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import hashlib
 import json
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,22 +40,45 @@ class ManifestEntry:
     path: str  # relative to the workspace, '/'-separated
     size: int
     checksum: str  # MD5 hex of the content
+    ctime_ns: int = 0  # as written by materialize (0: unknown, always hash)
+    ino: int = 0
 
 
 @dataclass
 class Manifest:
     entries: dict[str, ManifestEntry] = field(default_factory=dict)
+    #: The filesystem's own timestamp taken after the last download (0: unknown).
+    settled_ns: int = 0
 
     def add(self, entry: ManifestEntry) -> None:
         self.entries[entry.path] = entry
 
+    def settle(self, root: Path) -> None:
+        """Stamp the end of materialize with a probe file on the workspace's filesystem."""
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".perago-settled-")
+        try:
+            self.settled_ns = os.fstat(fd).st_ctime_ns
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+
+    def untouched(self, entry: ManifestEntry, now: LocalFile) -> bool:
+        """True only if the kernel's ctime proves the file unchanged since materialize."""
+        return (
+            entry.ctime_ns != 0
+            and entry.ctime_ns < self.settled_ns
+            and (now.size, now.ino, now.ctime_ns) == (entry.size, entry.ino, entry.ctime_ns)
+        )
+
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps([asdict(e) for e in self.entries.values()]))
+        entries = [asdict(e) for e in self.entries.values()]
+        path.write_text(json.dumps({"settled_ns": self.settled_ns, "entries": entries}))
 
     @classmethod
     def load(cls, path: Path) -> Manifest:
-        m = cls()
-        for raw in json.loads(path.read_text()):
+        body = json.loads(path.read_text())
+        m = cls(settled_ns=body.get("settled_ns", 0))
+        for raw in body["entries"]:
             m.add(ManifestEntry(**raw))
         return m
 
@@ -62,6 +91,8 @@ class Manifest:
 class LocalFile:
     path: str
     size: int
+    ctime_ns: int = 0
+    ino: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,7 +149,9 @@ def scan(root: Path) -> Iterator[LocalFile]:
                 if stat.S_ISDIR(mode):
                     stack.append(entry.path)
                 elif stat.S_ISREG(mode):
-                    yield LocalFile(_relative_name(root, entry.path), st.st_size)
+                    yield LocalFile(
+                        _relative_name(root, entry.path), st.st_size, st.st_ctime_ns, st.st_ino
+                    )
                 else:
                     raise UnsafePathError(
                         f"the workspace holds {_relative_name(root, entry.path)!r}, which is not "
@@ -136,6 +169,8 @@ def compute_diff(manifest: Manifest, root: Path) -> Diff:
         before = manifest.entries.get(f.path)
         if before is None:
             added.append(f.path)
+        elif manifest.untouched(before, f):
+            continue
         elif before.size != f.size or before.checksum != file_md5(root / f.path):
             changed.append(f.path)
     deleted = [p for p in manifest.entries if p not in seen]

@@ -108,9 +108,19 @@ def materialize(
                 f"download of {obj.path} at {ref} returned {writer.size} bytes, lakeFS lists "
                 f"{obj.size}; retry the task"
             )
-        manifest.add(ManifestEntry(obj.path[len(prefix) :], writer.size, writer.md5.hexdigest()))
+        st = os.stat(dest)
+        manifest.add(
+            ManifestEntry(
+                obj.path[len(prefix) :],
+                writer.size,
+                writer.md5.hexdigest(),
+                ctime_ns=st.st_ctime_ns,
+                ino=st.st_ino,
+            )
+        )
 
     run_parallel(targets, fetch, parallelism=parallelism)
+    manifest.settle(root)
     return manifest
 
 

@@ -92,3 +92,66 @@ def test_manifest_round_trip(tmp_path: Path) -> None:
     m.add(ManifestEntry("a/b", 3, "abc"))
     m.save(tmp_path / "m.json")
     assert Manifest.load(tmp_path / "m.json").entries == m.entries
+
+
+def _recorded(root: Path) -> Manifest:
+    """A manifest as materialize writes it: stat identity, then the settle probe."""
+    m = Manifest()
+    for p in sorted(root.rglob("*")):
+        st = p.stat()
+        rel = p.relative_to(root).as_posix()
+        m.add(ManifestEntry(rel, st.st_size, file_md5(p), st.st_ctime_ns, st.st_ino))
+    m.settle(root)
+    return m
+
+
+def test_only_files_the_kernel_cannot_vouch_for_are_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from perago.workspace import manifest as manifest_module
+
+    for i in range(20):
+        (tmp_path / f"f{i}.bin").write_bytes(b"x" * 100)
+    time.sleep(0.05)  # older than the probe's clock tick
+    m = _recorded(tmp_path)
+    assert m.settled_ns > 0 and not list(tmp_path.glob(".perago-settled-*"))
+    hashed: list[str] = []
+    real_md5 = manifest_module.file_md5
+
+    def counting_md5(path: Path) -> str:
+        hashed.append(path.name)
+        return real_md5(path)
+
+    monkeypatch.setattr(manifest_module, "file_md5", counting_md5)
+    (tmp_path / "f3.bin").write_bytes(b"y" * 100)  # same size, right away
+    os.utime(tmp_path / "f4.bin", ns=(0, 0))  # touched: ctime moves even if mtime goes back
+    d = compute_diff(m, tmp_path)
+    assert d.changed == ("f3.bin",)
+    assert sorted(hashed) == ["f3.bin", "f4.bin"]  # the 18 others were never read
+
+
+def test_a_file_written_in_the_probes_clock_tick_is_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a.bin").write_bytes(b"AAAA")
+    m = _recorded(tmp_path)
+    entry = m.entries["a.bin"]
+    m.settled_ns = entry.ctime_ns  # same tick as the probe: racy
+    (tmp_path / "a.bin").write_bytes(b"BBBB")
+    st = (tmp_path / "a.bin").stat()
+    # Pretend the filesystem clock did not advance: only the checksum can tell.
+    forged = ManifestEntry("a.bin", 4, entry.checksum, st.st_ctime_ns, st.st_ino)
+    m.add(forged)
+    m.settled_ns = st.st_ctime_ns
+    assert compute_diff(m, tmp_path).changed == ("a.bin",)
+
+
+def test_manifest_round_trip_keeps_the_settle_stamp(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "a").write_text("a")
+    m = _recorded(tmp_path / "ws")
+    m.save(tmp_path / "m.json")
+    loaded = Manifest.load(tmp_path / "m.json")
+    assert loaded.entries == m.entries and loaded.settled_ns == m.settled_ns
