@@ -49,6 +49,7 @@ class VersionStore(Protocol):
         *,
         message: str,
         metadata: dict[str, str],
+        timeout: float | None = None,
     ) -> str: ...
     def hard_reset(
         self, repository: str, branch: str, ref: str, *, timeout: float | None = None

@@ -183,6 +183,7 @@ class MemoryStore:
         *,
         message: str,
         metadata: dict[str, str],
+        timeout: float | None = None,
     ) -> str:
         with self._lock:
             repo = self._repo(repository)

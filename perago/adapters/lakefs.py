@@ -273,6 +273,7 @@ class LakeFSStore:
         *,
         message: str,
         metadata: dict[str, str],
+        timeout: float | None = None,
     ) -> str:
         result = self._call(
             f"merge {source} into {repository}/{destination}",
@@ -281,6 +282,7 @@ class LakeFSStore:
             source,
             destination,
             merge=lakefs_sdk.Merge(message=message, metadata=metadata),
+            timeout=timeout,
         )
         return str(result.reference)
 

@@ -219,20 +219,32 @@ class Publisher:
                 )
             log.info("published", mode="replace", ref=now, replaced=head.id)
             return now
-        try:
-            merged = self._store.merge(
+        metadata = me.metadata(
+            target.input_ref,
+            kind="publication",
+            staged_commit=staged.staging_commit,
+            expected_head=head.id,
+            **({} if lease is None else {"fencing_token": str(lease.token)}),
+        )
+
+        def merge(timeout: float | None) -> str:
+            return self._store.merge(
                 repo,
                 staged.staging_branch,
                 target.branch,
                 message=f"perago: publish {me.task_type} ({me.reference_name}) of {me.workflow_id}",
-                metadata=me.metadata(
-                    target.input_ref,
-                    kind="publication",
-                    staged_commit=staged.staging_commit,
-                    expected_head=head.id,
-                    **({} if lease is None else {"fencing_token": str(lease.token)}),
-                ),
+                metadata=metadata,
+                timeout=timeout,
             )
+
+        try:
+            if lease is None:
+                merged = merge(None)
+            else:
+                # Like a reset: started only while the lease surely lasts, re-checked after,
+                # so a holder paused past its lease never merges (docs/model-check.md).
+                lease.renew()
+                merged = lease.guarded(merge)
         except ConflictError as e:
             raise PublishFenceError(
                 f"lakeFS rejected the merge into {target.branch} ({e.message}): another "
@@ -244,17 +256,21 @@ class Publisher:
             if landed is None:
                 raise
             log.warning("merge_answer_lost_but_landed", ref=landed, error=str(e))
-            return landed
-        merge_commit = self._store.get_commit(repo, merged)
-        if merge_commit.parents[:1] != (head.id,):
-            raise PublishFenceError(
-                f"post-publish check: merge commit {merged} has first parent "
-                f"{merge_commit.parents[:1]}, but the fence saw head {head.id}: a foreign "
-                f"writer moved {target.branch} between fence and merge. The publication landed "
-                "on top of it; inspect the branch history before retrying"
-            )
+            merged = landed
+        self._check_first_parent(repo, target.branch, merged, head.id)
         log.info("published", mode="merge", ref=merged)
         return merged
+
+    def _check_first_parent(self, repo: str, branch: str, merged: str, seen_head: str) -> None:
+        """Post-publish check: the merge must sit right on the head the fence saw."""
+        parents = self._store.get_commit(repo, merged).parents[:1]
+        if parents != (seen_head,):
+            raise PublishFenceError(
+                f"post-publish check: merge commit {merged} has first parent {parents}, but "
+                f"the fence saw head {seen_head}: a foreign writer moved {branch} between "
+                "fence and merge. The publication landed on top of it; inspect the branch "
+                "history before retrying"
+            )
 
     def _confirm_noop(
         self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger

@@ -248,6 +248,32 @@ def test_a_holder_whose_lease_was_taken_over_never_resets(
     assert taken[0] > int(store.get_commit("r", abandoned).metadata.get("perago.fencing_token", 0))
 
 
+def test_a_holder_whose_lease_was_taken_over_never_merges(
+    store: MemoryStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paused between the publish fence and the merge past its lease: no merge."""
+    clock = [0.0]
+    leases = _leases(clock)
+    base = store.branch_head("r", "main")
+    me = ident(task="t0")
+    sleeper = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
+
+    def take_over_while_paused(point: str) -> None:
+        if point != "after_publish_fence":
+            return
+        manager = leases.manager("r")
+        with pytest.raises(LeaseBusyError):
+            manager.acquire("branches/r/main", "taker")
+        clock[0] += 15.1
+        manager.acquire("branches/r/main", "taker")
+
+    monkeypatch.setattr(failpoints, "hit", take_over_while_paused)
+    ws, diff = _workspace(tmp_path, "a", "late")
+    with pytest.raises(LeaseLostError):
+        sleeper.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff, LOG)
+    assert store.branch_head("r", "main") == base
+
+
 def test_materialize_skips_folder_markers_and_refuses_unsafe_names(tmp_path: Path) -> None:
     from perago.errors import UnsafePathError
     from perago.workspace import materialize
