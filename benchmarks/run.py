@@ -2,6 +2,7 @@
 
     python -m benchmarks.run            # full sizes, 3 repetitions: about 5 minutes on 2 cores
     python -m benchmarks.run --quick    # every size divided by 10, a smoke run
+    python -m benchmarks.run --only lease   # one scenario: a, b, c, d or lease (f)
 
 The stack comes from the environment when ``CONDUCTOR_SERVER_URL``,
 ``LAKECTL_SERVER_ENDPOINT_URL``, ``LAKECTL_CREDENTIALS_*`` and ``PERAGO_BENCH_LAKECTL`` are
@@ -31,7 +32,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from benchmarks import roundtrip
+from benchmarks import lease_overhead, roundtrip
 from benchmarks.common import (
     MIB,
     BenchmarkError,
@@ -60,6 +61,7 @@ class Scale:
     large: TreeSpec  # (b)
     one_change: TreeSpec  # (c)
     workflows: int  # (d)
+    lease_runs: int  # (f), per side and path
 
 
 SCALES = {
@@ -68,12 +70,14 @@ SCALES = {
         large=TreeSpec(10, 50 * MIB),
         one_change=TreeSpec(10_000, 1024),
         workflows=20,
+        lease_runs=30,
     ),
     "quick": Scale(
         many=TreeSpec(100, 64 * 1024),
         large=TreeSpec(10, 5 * MIB),
         one_change=TreeSpec(1_000, 1024),
         workflows=5,
+        lease_runs=5,
     ),
 }
 
@@ -364,6 +368,29 @@ def roundtrip_table(rt: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Scenario names for ``--only``: (a)-(c) data, (d) Conductor round trip, (f) branch lease.
+SCENARIOS = ("a", "b", "c", "d", "lease")
+
+
+def _merge_results(output: Path, partial_run: dict[str, Any], only: list[str]) -> dict[str, Any]:
+    """A run of some scenarios replaces only their parts of an existing results file."""
+    if not output.exists():
+        return partial_run
+    merged: dict[str, Any] = json.loads(output.read_text())
+    ran = tuple(f"({key}) " for key in only if key in ("a", "b", "c"))
+    merged["rows"] = [
+        r for r in merged.get("rows", []) if not r["scenario"].startswith(ran)
+    ] + partial_run["rows"]
+    for key in ("roundtrip", "lease_overhead"):
+        if key in partial_run:
+            merged[key] = partial_run[key]
+    if "perago_baseline_rss_mib" in partial_run:
+        merged["perago_baseline_rss_mib"] = partial_run["perago_baseline_rss_mib"]
+    update = {k: partial_run[k] for k in ("date", "mode", "repeats", "machine", "total_seconds")}
+    merged.setdefault("partial_updates", []).append({"only": only, **update})
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.run",
@@ -375,11 +402,20 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="repetitions of each data comparison, medians reported (default 3, quick 1)",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SCENARIOS,
+        metavar="NAME",
+        help=f"run only this scenario (repeatable; one of {', '.join(SCENARIOS)}); the results "
+        "replace only that scenario's part of an existing --output file",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     mode = "quick" if args.quick else "full"
     scale = SCALES[mode]
     repeats = args.repeat or (1 if args.quick else 3)
+    only: list[str] = sorted(set(args.only or SCENARIOS), key=SCENARIOS.index)
 
     # The in-process Perago worker of (d) logs every protocol step; only problems matter here.
     structlog.configure(
@@ -397,31 +433,60 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="perago-bench-"))
     bench = Bench(stack, tmp, repeats=repeats)
     rows: list[Row] = []
+    baseline: dict[str, Any] | None = None
+    rt: dict[str, Any] | None = None
+    lease: dict[str, Any] | None = None
     try:
-        baseline = bench.perago("baseline")
+        if any(key in only for key in ("a", "b", "c")):
+            baseline = bench.perago("baseline")
         for key, spec, seed in (("a", scale.many, 1), ("b", scale.large, 2)):
-            print(f"({key}) {spec.describe()}, {repeats} repetition(s) ...", flush=True)
-            rows += bench.new_tree(key, spec, seed)
-        print(f"(c) {scale.one_change.describe()}, {repeats} repetition(s) ...", flush=True)
-        rows += bench.one_change(scale.one_change, 3)
-        print(f"(d) {scale.workflows} no-op workflows per worker ...", flush=True)
-        rt = roundtrip.measure(bench.env, runs=scale.workflows, work_dir=tmp / "work")
+            if key in only:
+                print(f"({key}) {spec.describe()}, {repeats} repetition(s) ...", flush=True)
+                rows += bench.new_tree(key, spec, seed)
+        if "c" in only:
+            print(f"(c) {scale.one_change.describe()}, {repeats} repetition(s) ...", flush=True)
+            rows += bench.one_change(scale.one_change, 3)
+        if "d" in only:
+            print(f"(d) {scale.workflows} no-op workflows per worker ...", flush=True)
+            rt = roundtrip.measure(bench.env, runs=scale.workflows, work_dir=tmp / "work")
+        if "lease" in only:
+            print(
+                f"(f) {scale.lease_runs} publications per side and path, leases off vs on ...",
+                flush=True,
+            )
+            lease = lease_overhead.measure(
+                bench.env, bench.store, bench.new_repo, runs=scale.lease_runs, work_dir=tmp / "f"
+            )
     finally:
         bench.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - started
     load_after = os.getloadavg()
 
+    if rows:
+        print()
+        print(table(rows))
+    if rt is not None:
+        print()
+        print(roundtrip_table(rt))
+    if lease is not None:
+        print()
+        print(lease_overhead.table(lease))
+        print(
+            "(f) Conductor is replaced by perago.testing.StaticLedger: the attempt fence's "
+            "Conductor GET is excluded from both sides equally."
+        )
     print()
-    print(table(rows))
-    print()
-    print(roundtrip_table(rt))
+    if baseline is not None:
+        print(
+            "Perago process baseline RSS (interpreter, imports, clients; no work): "
+            f"{_mib(baseline['max_rss_kib']):.0f} MiB."
+        )
     print(
-        f"\nPerago process baseline RSS (interpreter, imports, clients; no work): "
-        f"{_mib(baseline['max_rss_kib']):.0f} MiB. {os.cpu_count()} CPUs, load average "
-        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; total {elapsed:.0f} s"
+        f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after; total {elapsed:.0f} s"
     )
-    results = {
+    results: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "mode": mode,
         "repeats": repeats,
@@ -437,13 +502,24 @@ def main(argv: list[str] | None = None) -> int:
             "conductor": stack.env["CONDUCTOR_SERVER_URL"],
             "lakectl": str(stack.lakectl),
         },
-        "perago_transfer_parallelism": baseline["parallelism"],
-        "lakectl_parallelism": "default (25)",
-        "perago_baseline_rss_mib": _mib(baseline["max_rss_kib"]),
         "rows": [r.to_json() for r in rows],
-        "roundtrip": rt,
         "total_seconds": elapsed,
     }
+    if baseline is not None:
+        results["perago_transfer_parallelism"] = baseline["parallelism"]
+        results["lakectl_parallelism"] = "default (25)"
+        results["perago_baseline_rss_mib"] = _mib(baseline["max_rss_kib"])
+    if rt is not None:
+        results["roundtrip"] = rt
+    if lease is not None:
+        results["lease_overhead"] = {
+            "date": results["date"],
+            "mode": mode,
+            "load_average_1m": results["machine"]["load_average_1m"],
+            **lease,
+        }
+    if args.only:
+        results = _merge_results(args.output, results, only)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.output}")
     return 0
