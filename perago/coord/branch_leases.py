@@ -39,6 +39,11 @@ class HeldLease:
         """Extend the lease to a full ttl (LeaseLostError if it was taken over)."""
         self.grant = self.manager.renew(self.grant)
 
+    def refresh(self) -> None:
+        """Renew only if less than half the ttl is left (a guarded write checks anyway)."""
+        if self.manager.time_left(self.grant) < self.manager.ttl / 2:
+            self.renew()
+
     def guarded(self, write: Callable[[float], T]) -> T:
         return self.manager.guarded(self.grant, write)
 

@@ -167,6 +167,14 @@ class LeaseManager:
                 continue  # taken over (the re-read raises LeaseLostError) or renewed meanwhile
             return replace(grant, expires_at=sent + self._ttl)
 
+    def time_left(self, grant: Grant) -> float:
+        """Seconds of ``grant`` left on this manager's clock (negative once over)."""
+        return grant.expires_at - self._clock()
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
     def check(self, grant: Grant) -> None:
         """Re-read the lease: LeaseLostError unless it is still ours with the same token."""
         self._ours(grant)

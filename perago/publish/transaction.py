@@ -243,7 +243,7 @@ class Publisher:
             else:
                 # Like a reset: started only while the lease surely lasts, re-checked after,
                 # so a holder paused past its lease never merges (docs/model-check.md).
-                lease.renew()
+                lease.refresh()
                 merged = lease.guarded(merge)
         except ConflictError as e:
             raise PublishFenceError(
@@ -344,7 +344,7 @@ class Publisher:
                 f"(saw {seen_head[:12]}): a writer outside Perago; nothing was reset"
             )
         self._keep_reachable(repo, seen_head, me, log)
-        lease.renew()
+        lease.refresh()
         failpoints.hit("before_reset")
         lease.guarded(
             lambda budget: self._store.hard_reset(repo, target.branch, to, timeout=budget)
