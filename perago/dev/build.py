@@ -3,6 +3,9 @@
 Each artifact is cached in the stack folder next to a stamp of the files that pin it, so a
 rebuild happens only when a pin changes. Conductor 3.32 needs a JDK >= 21, which may not be
 the default ``java`` (Spark wants 17), so the newest suitable JDK installed is looked up.
+
+Helm (to render and lint the worker chart) is built the same way but only on request
+(:func:`build_helm`, ``perago dev build --helm``): the stack does not need it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from perago.errors import StackError
 __all__ = [
     "JDK_SEARCH_DIRS",
     "build",
+    "build_helm",
     "conductor_jar",
     "find_java",
     "java_version",
@@ -107,13 +111,13 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
-def _require_go(module: Path) -> str:
+def _require_go(module: Path, what: str = "lakeFS") -> str:
     wanted_match = re.search(r"^go (\S+)", (module / "go.mod").read_text(), re.MULTILINE)
     wanted = wanted_match.group(1) if wanted_match else "1.26"
     go = shutil.which("go")
     if go is None:
         raise StackError(
-            f"Go >= {wanted} is required to build lakeFS but `go` is not on PATH: install it "
+            f"Go >= {wanted} is required to build {what} but `go` is not on PATH: install it "
             "(https://go.dev/doc/install) and re-run `make install`"
         )
     found = subprocess.run(
@@ -121,7 +125,7 @@ def _require_go(module: Path) -> str:
     ).stdout.strip()
     if found and _version_tuple(found) < _version_tuple(wanted):
         raise StackError(
-            f"Go >= {wanted} is required to build lakeFS but {go} is {found}: install a newer "
+            f"Go >= {wanted} is required to build {what} but {go} is {found}: install a newer "
             "Go (https://go.dev/doc/install) and re-run `make install`"
         )
     return go
@@ -155,25 +159,57 @@ def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], log: Path) -> Non
         )
 
 
-# -- lakeFS and lakectl ------------------------------------------------------------------------
+# -- Go binaries: lakeFS, lakectl, helm --------------------------------------------------------
 
 
-def _lakefs_version(module: Path) -> str:
-    m = re.search(r"github\.com/treeverse/lakefs (v\S+)", (module / "go.mod").read_text())
+def _required_version(module: Path, path: str) -> str:
+    m = re.search(
+        rf"^\s*(?:require\s+)?{re.escape(path)} (v\S+)",
+        (module / "go.mod").read_text(),
+        re.MULTILINE,
+    )
     if m is None:
-        raise StackError(f"{module}/go.mod does not require github.com/treeverse/lakefs")
+        raise StackError(f"{module}/go.mod does not require {path}")
     return m.group(1)
 
 
-def _build_go_binary(paths: StackPaths, name: str, *, progress: bool) -> None:
+def _lakefs_ldflags(module: Path) -> tuple[str, str]:
+    version = _required_version(module, "github.com/treeverse/lakefs")
+    return version, f"-X github.com/treeverse/lakefs/pkg/version.Version={version}"
+
+
+def _helm_ldflags(module: Path) -> tuple[str, str]:
+    """What Helm's own Makefile stamps in: its version, and the Kubernetes version it assumes
+    (``.Capabilities.KubeVersion``, lint's deprecation checks) from the client-go it uses."""
+    version = _required_version(module, "helm.sh/helm/v3")
+    client_go = _version_tuple(_required_version(module, "k8s.io/client-go"))
+    major, minor = client_go[0] + 1, client_go[1]
+    flags = ["-s", "-w", f"-X helm.sh/helm/v3/internal/version.version={version}"]
+    for pkg in ("helm.sh/helm/v3/pkg/chartutil", "helm.sh/helm/v3/pkg/lint/rules"):
+        flags += [f"-X {pkg}.k8sVersionMajor={major}", f"-X {pkg}.k8sVersionMinor={minor}"]
+    return version, " ".join(flags)
+
+
+#: name -> (package to build inside its wrapper module, what to stamp into the binary)
+_GO_BINARIES: dict[str, tuple[str, Callable[[Path], tuple[str, str]]]] = {
+    "lakefs": (".", _lakefs_ldflags),
+    "lakectl": (".", _lakefs_ldflags),
+    # Helm 3's command is a main package (not importable): the wrapper names it as a tool.
+    "helm": ("helm.sh/helm/v3/cmd/helm", _helm_ldflags),
+}
+
+
+def _build_go_binary(paths: StackPaths, name: str, *, progress: bool) -> Path:
+    package, ldflags = _GO_BINARIES[name]
     module = paths.deploy / name
     binary = paths.bin / name
     stamp_file = paths.bin / f".{name}.stamp"
-    stamp = _stamp(module / "go.mod", module / "go.sum", module / "main.go")
+    pins = [module / f for f in ("go.mod", "go.sum", "main.go") if (module / f).is_file()]
+    stamp = _stamp(*pins)
     if _fresh(binary, stamp_file, stamp):
-        return
-    go = _require_go(module)
-    version = _lakefs_version(module)
+        return binary
+    go = _require_go(module, name)
+    version, flags = ldflags(module)
     env = {
         **os.environ,
         "CGO_ENABLED": "0",
@@ -182,19 +218,12 @@ def _build_go_binary(paths: StackPaths, name: str, *, progress: bool) -> None:
     }
     # Built beside the target and renamed: a running lakefs keeps its (old) file.
     partial = paths.bin / f".{name}.partial"
-    cmd = [
-        go,
-        "build",
-        "-o",
-        str(partial),
-        "-ldflags",
-        f"-X github.com/treeverse/lakefs/pkg/version.Version={version}",
-        ".",
-    ]
+    cmd = [go, "build", "-o", str(partial), "-ldflags", flags, package]
     with step(f"building {name} {version} (Go module proxy)", progress=progress):
         _run(cmd, cwd=module, env=env, log=paths.logs / f"build-{name}.log")
     os.replace(partial, binary)
     stamp_file.write_text(stamp)
+    return binary
 
 
 # -- Conductor ----------------------------------------------------------------------------------
@@ -316,11 +345,23 @@ def find_java(
 # -- all of it ----------------------------------------------------------------------------------
 
 
-def build(*, progress: bool = False) -> None:
-    """Make every stack binary present and current; idempotent and cheap when nothing changed."""
+def build(*, progress: bool = False, helm: bool = False) -> None:
+    """Make every stack binary present and current; idempotent and cheap when nothing changed.
+
+    ``helm`` also builds Helm (not part of the stack; the chart tests build it on demand).
+    """
     paths = stack_paths()
     paths.make()
     _build_go_binary(paths, "lakefs", progress=progress)
     _build_go_binary(paths, "lakectl", progress=progress)
     _fetch_conductor(paths, progress=progress)
     find_java()
+    if helm:
+        _build_go_binary(paths, "helm", progress=progress)
+
+
+def build_helm(*, progress: bool = False) -> Path:
+    """Helm built from ``deploy/local/helm`` (cached like lakectl); its path."""
+    paths = stack_paths()
+    paths.make()
+    return _build_go_binary(paths, "helm", progress=progress)
