@@ -49,43 +49,112 @@ class Settings(BaseSettings):
     conductor_server_url: str = Field(
         default="http://127.0.0.1:18080/api",
         validation_alias=AliasChoices("CONDUCTOR_SERVER_URL", "PERAGO_CONDUCTOR_SERVER_URL"),
+        description="Conductor's API URL; `/api` is appended when missing. Conductor auth "
+        "(Orkes) is read by conductor-python itself from `CONDUCTOR_AUTH_KEY` and "
+        "`CONDUCTOR_AUTH_SECRET`.",
     )
     lakefs_endpoint: str = Field(
         default="http://127.0.0.1:18000",
         validation_alias=AliasChoices("LAKECTL_SERVER_ENDPOINT_URL", "PERAGO_LAKEFS_ENDPOINT"),
+        description="lakeFS server URL, with or without `/api/v1` (as lakectl takes it).",
     )
     lakefs_access_key_id: str = Field(
         default="",
         validation_alias=AliasChoices(
             "LAKECTL_CREDENTIALS_ACCESS_KEY_ID", "PERAGO_LAKEFS_ACCESS_KEY_ID"
         ),
+        description="lakeFS access key id of the worker's user (a credential: keep it in a "
+        "Secret).",
     )
     lakefs_secret_access_key: SecretStr = Field(
         default=SecretStr(""),
         validation_alias=AliasChoices(
             "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY", "PERAGO_LAKEFS_SECRET_ACCESS_KEY"
         ),
+        description="lakeFS secret access key (a credential: keep it in a Secret; never logged).",
     )
-    work_dir: Path = Field(default_factory=lambda: Path(tempfile.gettempdir()) / "perago")
-    worker_id: str = Field(default_factory=_default_worker_id)
-    concurrency: int = Field(default=2, ge=1, le=256)
-    poll_interval: timedelta = timedelta(milliseconds=200)
-    shutdown_grace: timedelta = timedelta(seconds=30)
-    transfer_parallelism: int = Field(default=8, ge=1, le=128)
-    http_timeout: timedelta = timedelta(seconds=60)
-    janitor_on_start: bool = True
+    work_dir: Path = Field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / "perago",
+        description="Folder for attempt workspaces (one private subfolder per attempt, removed "
+        "when it ends); needs room for the largest workspace times the concurrency.",
+    )
+    worker_id: str = Field(
+        default_factory=_default_worker_id,
+        description="The worker id reported to Conductor when polling and updating tasks.",
+    )
+    concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=256,
+        description="Attempts one worker process runs at once (`perago worker --concurrency` "
+        "overrides it).",
+    )
+    poll_interval: timedelta = Field(
+        default=timedelta(milliseconds=200),
+        description="Pause between polls when no task was handed out.",
+    )
+    shutdown_grace: timedelta = Field(
+        default=timedelta(seconds=30),
+        description="After SIGTERM, how long in-flight attempts may finish before they are "
+        "interrupted (and reported FAILED, so Conductor retries them).",
+    )
+    transfer_parallelism: int = Field(
+        default=8,
+        ge=1,
+        le=128,
+        description="Parallel object transfers between lakeFS and a workspace.",
+    )
+    http_timeout: timedelta = Field(
+        default=timedelta(seconds=60),
+        description="Timeout of one HTTP request to lakeFS or Conductor.",
+    )
+    janitor_on_start: bool = Field(
+        default=True,
+        description="Run one janitor pass when a worker starts (staging branches of dead "
+        "attempts, expired branch leases).",
+    )
     #: Coordination backend for branch leases ("lakefs", "s3", "dynamodb", "put_and_verify",
     #: "memory", or "none" to publish without leases); its options come from
     #: PERAGO_COORD_<OPTION>. The default keeps each repository's leases in that repository.
-    coord_backend: str = "lakefs"
-    coord_options: dict[str, str] = Field(default_factory=dict)
-    lease_ttl: timedelta = timedelta(seconds=30)
-    max_clock_skew_rate: float = Field(default=1.5, ge=1.0)
-    spark_master: str = "local[*]"
-    spark_conf: dict[str, str] = Field(default_factory=dict)
+    coord_backend: str = Field(
+        default="lakefs",
+        description="Coordination backend for branch leases: `lakefs`, `s3`, `dynamodb`, "
+        "`put_and_verify`, `memory`, or `none` to publish without leases.",
+    )
+    coord_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="The backend's options, one variable each: `PERAGO_COORD_<OPTION>` (see "
+        "the table below), or all at once as a JSON object in `PERAGO_COORD_OPTIONS`.",
+    )
+    lease_ttl: timedelta = Field(
+        default=timedelta(seconds=30),
+        description="Lifetime of a branch lease; a holder renews it while it writes.",
+    )
+    max_clock_skew_rate: float = Field(
+        default=1.5,
+        ge=1.0,
+        description="How much faster than a lease holder's clock another worker's clock may "
+        "run; a dead holder's lease is taken over after `lease_ttl` times this.",
+    )
+    spark_master: str = Field(
+        default="local[*]",
+        description="Spark master URL of the per-worker Spark session (`local[*]` runs the "
+        "driver and executors in the worker's pod).",
+    )
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description='Extra Spark settings as a JSON object, e.g. `{"spark.driver.memory": "2g"}`.',
+    )
     #: The S3A connector for in-place tasks, resolved from Maven Central once and cached.
-    spark_s3a_package: str = "org.apache.hadoop:hadoop-aws:3.5.0"
-    spark_ivy_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "perago" / "ivy")
+    spark_s3a_package: str = Field(
+        default="org.apache.hadoop:hadoop-aws:3.5.0",
+        description="Maven coordinates of the S3A connector in-place tasks use; resolved once "
+        "and cached in `spark_ivy_dir`.",
+    )
+    spark_ivy_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "perago" / "ivy",
+        description="Ivy cache of Spark packages (the S3A connector).",
+    )
 
     @field_validator("poll_interval", "shutdown_grace", "http_timeout", "lease_ttl", mode="before")
     @classmethod

@@ -32,13 +32,42 @@ def _run(action: Callable[[], T]) -> T:
 
 
 @app.command("build")
-def build_cmd() -> None:
+def build_cmd(
+    helm: Annotated[
+        bool,
+        typer.Option("--helm", help="Also build Helm (for the worker chart's tests)."),
+    ] = False,
+) -> None:
     """Build lakeFS/lakectl and fetch Conductor if their pins changed (idempotent)."""
     from perago.dev.build import build
     from perago.dev.paths import stack_paths
 
-    _run(lambda: build(progress=True))
+    _run(lambda: build(progress=True, helm=helm))
     typer.echo(f"stack binaries are ready in {_run(stack_paths).stack}", err=True)
+
+
+@app.command("settings-doc")
+def settings_doc_cmd(
+    check: Annotated[
+        bool, typer.Option("--check", help="Only check; exit status 1 if it is out of date.")
+    ] = False,
+) -> None:
+    """Regenerate docs/settings.md from the Settings model (perago/config.py)."""
+    from perago.dev import settings_doc
+
+    path = _run(settings_doc.default_path)
+    if check:
+        if not settings_doc.check(path):
+            typer.secho(
+                f"{path} is out of date: run `{settings_doc.COMMAND}`",
+                fg=typer.colors.RED,
+                err=True,
+            )
+            raise typer.Exit(1)
+        typer.echo(f"{path} is up to date", err=True)
+        return
+    path.write_text(settings_doc.render())
+    typer.echo(f"wrote {path}", err=True)
 
 
 @app.command("up")
