@@ -1,0 +1,121 @@
+"""What one model-check run explores: the actors' bounds and which mechanisms are switched on.
+
+A mechanism named in ``drops`` is removed from the protocol, so a run can show what that
+mechanism protects (a counterexample), or that nothing in the model depends on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["FIXES", "FOREIGN_MODES", "MECHANISMS", "Config"]
+
+#: Every mechanism ``--drop`` can remove, with what removing it means in the model.
+MECHANISMS: dict[str, str] = {
+    "fence1": "attempt fence #1 always passes (a stale attempt reaches the no-op decision)",
+    "fence2": "attempt fence #2 always passes (a stale attempt reaches the publish fence)",
+    "marker": "staged commits do not rewrite the publication marker (no 3-way conflict)",
+    "hook": "the expected-head pre-merge hook is never installed",
+    "postcheck": "no check of the merge commit's first parent after the merge",
+    "lease": "no branch lease (PERAGO_COORD_BACKEND=none): no re-read, renew or re-check",
+    "merge-guard": "the merge is not a guarded write (the code before 8814d5d): the lease is "
+    "held but neither refreshed nor checked around the merge",
+    "identity": "commit metadata is ignored: a head whose parent is the input ref counts as "
+    "an abandoned publication, an unpinned retry pins the head",
+    "tag": "a replaced head is not tagged before the hard reset",
+}
+
+#: Changes to the protocol that the model found necessary (docs/model-check.md, findings).
+FIXES: dict[str, str] = {
+    "noop-lease": "the no-op path takes the branch lease, then re-runs the attempt fence and "
+    "reads the head under it, also when the head is the input ref",
+    "guarded-report": "COMPLETED is reported to Conductor as a guarded write under the "
+    "branch lease (released after the report), so no delivery that lost the lease reports it",
+}
+
+#: How the foreign writer (not Perago) may commit to the target branch.
+FOREIGN_MODES = ("off", "outside-reset", "anytime")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Bounds and switches of one exhaustive exploration."""
+
+    #: Conductor retries of the step: ``retries + 1`` task ids (retry counts 0..retries).
+    retries: int = 1
+    #: Re-deliveries of an IN_PROGRESS task id to another worker (poll count + 1).
+    redeliveries: int = 0
+    #: ``outside-reset``: one foreign commit at any moment except inside a reset window
+    #: (after the head was validated for a hard reset and before the reset): the documented
+    #: operating assumption, since lakeFS OSS cannot detect such a commit at all.
+    foreign: str = "outside-reset"
+    #: Initial states: expected-head hook installed or not (both by default).
+    hooks: tuple[bool, ...] = (False, True)
+    #: Initial states: workspace input with an explicit ref, or unpinned (both by default).
+    pinned: tuple[bool, ...] = (True, False)
+    #: Bodies may produce an empty diff (the no-op path) as well as a non-empty one.
+    noop: bool = True
+    #: Every attempt of the step produces the same kind of diff (deterministic body).
+    same_diff: bool = False
+    #: I1 without "per input ref": at most one publication of the step at all.
+    once_per_step: bool = False
+    drops: frozenset[str] = field(default_factory=frozenset)
+    #: Proposed changes (``FIXES``) applied on top of the protocol as coded.
+    fixes: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        unknown = self.drops - MECHANISMS.keys()
+        if unknown:
+            raise ValueError(f"unknown mechanism(s) {sorted(unknown)}; choose from {MECHANISMS}")
+        if self.fixes - FIXES.keys():
+            raise ValueError(f"unknown fix(es) {sorted(self.fixes - FIXES.keys())}")
+        if self.foreign not in FOREIGN_MODES:
+            raise ValueError(f"foreign must be one of {FOREIGN_MODES}, not {self.foreign!r}")
+        if self.retries < 0 or self.redeliveries < 0 or not self.hooks or not self.pinned:
+            raise ValueError("retries and redeliveries must be >= 0; hooks and pinned non-empty")
+
+    def has(self, mechanism: str) -> bool:
+        """True unless ``mechanism`` was dropped."""
+        return mechanism not in self.drops
+
+    def fixed(self, fix: str) -> bool:
+        """True if the proposed change ``fix`` is applied."""
+        return fix in self.fixes
+
+    @property
+    def leases(self) -> bool:
+        return self.has("lease")
+
+    @property
+    def tasks(self) -> int:
+        return self.retries + 1
+
+    @property
+    def polls(self) -> int:
+        """Deliveries one task id can have."""
+        return self.redeliveries + 1
+
+    @property
+    def slots(self) -> int:
+        """Every attempt (task id x delivery) the run may create."""
+        return self.tasks * self.polls
+
+    def describe(self) -> str:
+        hook = "off and on" if len(set(self.hooks)) > 1 else "on" if self.hooks[0] else "off"
+        pin = "pinned" if self.pinned == (True,) else "unpinned" if self.pinned == (False,) else ""
+        pin = pin or "pinned and unpinned"
+        parts = [
+            f"{self.tasks} task ids (retries={self.retries})",
+            f"re-deliveries={self.redeliveries}",
+            f"foreign writer={self.foreign}",
+            f"hook={hook}",
+            f"input ref={pin}",
+            f"no-op bodies={'yes' if self.noop else 'no'}",
+        ]
+        if self.same_diff:
+            parts.append("deterministic diff")
+        if self.once_per_step:
+            parts.append("I1 once per step")
+        parts.append(f"drop={','.join(sorted(self.drops)) or 'nothing'}")
+        parts.append(f"fixes={','.join(sorted(self.fixes)) or 'none (as coded)'}")
+        return ", ".join(parts)
