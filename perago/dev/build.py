@@ -111,14 +111,14 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
-def _require_go(module: Path, what: str = "lakeFS") -> str:
+def _require_go(module: Path, what: str = "lakeFS", rerun: str = "make install") -> str:
     wanted_match = re.search(r"^go (\S+)", (module / "go.mod").read_text(), re.MULTILINE)
     wanted = wanted_match.group(1) if wanted_match else "1.26"
     go = shutil.which("go")
     if go is None:
         raise StackError(
             f"Go >= {wanted} is required to build {what} but `go` is not on PATH: install it "
-            "(https://go.dev/doc/install) and re-run `make install`"
+            f"(https://go.dev/doc/install) and re-run `{rerun}`"
         )
     found = subprocess.run(
         [go, "env", "GOVERSION"], capture_output=True, text=True, check=False
@@ -126,7 +126,7 @@ def _require_go(module: Path, what: str = "lakeFS") -> str:
     if found and _version_tuple(found) < _version_tuple(wanted):
         raise StackError(
             f"Go >= {wanted} is required to build {what} but {go} is {found}: install a newer "
-            "Go (https://go.dev/doc/install) and re-run `make install`"
+            f"Go (https://go.dev/doc/install) and re-run `{rerun}`"
         )
     return go
 
@@ -208,7 +208,7 @@ def _build_go_binary(paths: StackPaths, name: str, *, progress: bool) -> Path:
     stamp = _stamp(*pins)
     if _fresh(binary, stamp_file, stamp):
         return binary
-    go = _require_go(module, name)
+    go = _require_go(module, name, "perago dev build --helm" if name == "helm" else "make install")
     version, flags = ldflags(module)
     env = {
         **os.environ,

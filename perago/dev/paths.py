@@ -2,7 +2,7 @@
 
 ::
 
-    .stack/bin/{lakefs,lakectl}          built from deploy/local/{lakefs,lakectl}
+    .stack/bin/{lakefs,lakectl,helm}     built from deploy/local/{lakefs,lakectl,helm}
     .stack/conductor/*.jar               fetched with deploy/local/conductor/pom.xml
     .stack/data/{lakefs,conductor}       server state (``perago dev down --wipe`` deletes it)
     .stack/run/{lakefs,conductor}.pid    the processes ``up`` started, plus lakefs.yaml
