@@ -307,6 +307,7 @@ def test_existing_secret_is_referenced_and_none_is_rendered(
         ({"config.LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY": "x"}, "looks like a credential"),
         ({"config.PERAGO_COORD_SECRET_ACCESS_KEY": "x"}, "looks like a credential"),
         ({"config.CONDUCTOR_AUTH_KEY": "x"}, "looks like a credential"),
+        ({"config.AWS_ACCESS_KEY_ID": "x"}, "looks like a credential"),
         ({"config.PERAGO_SHUTDOWN_GRACE": "10"}, "drain.graceSeconds"),
         (
             {"extraEnv": [{"name": "LAKECTL_CREDENTIALS_ACCESS_KEY_ID", "value": "x"}]},

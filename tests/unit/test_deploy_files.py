@@ -55,3 +55,14 @@ def test_image_runs_perago_worker_as_a_non_root_user() -> None:
     assert bases and re.fullmatch(r"python:3\.11\.\d+-slim-\w+", bases[0]), bases
     chart_uid = yaml.safe_load(CHART_VALUES.read_text())["podSecurityContext"]["runAsUser"]
     assert chart_uid == 10001
+
+
+def test_the_operations_guide_lists_every_metric() -> None:
+    from perago import metrics
+
+    guide = (ROOT / "docs" / "operations.md").read_text()
+    for export in metrics.__all__:
+        metric = getattr(metrics, export)
+        family = metric.describe()[0]
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"| `{name}` |" in guide, f"docs/operations.md has no row for {name}"

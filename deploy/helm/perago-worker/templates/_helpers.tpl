@@ -68,7 +68,7 @@ Whether a variable name is a credential; such a name never goes into the ConfigM
 plain `value:`. The list matches what Settings and conductor-python read (docs/settings.md).
 */}}
 {{- define "perago-worker.isCredential" -}}
-{{- $known := list "LAKECTL_CREDENTIALS_ACCESS_KEY_ID" "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY" "PERAGO_LAKEFS_ACCESS_KEY_ID" "PERAGO_LAKEFS_SECRET_ACCESS_KEY" "CONDUCTOR_AUTH_KEY" "CONDUCTOR_AUTH_SECRET" "PERAGO_COORD_ACCESS_KEY_ID" "PERAGO_COORD_SECRET_ACCESS_KEY" }}
+{{- $known := list "LAKECTL_CREDENTIALS_ACCESS_KEY_ID" "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY" "PERAGO_LAKEFS_ACCESS_KEY_ID" "PERAGO_LAKEFS_SECRET_ACCESS_KEY" "CONDUCTOR_AUTH_KEY" "CONDUCTOR_AUTH_SECRET" "PERAGO_COORD_ACCESS_KEY_ID" "PERAGO_COORD_SECRET_ACCESS_KEY" "AWS_ACCESS_KEY_ID" }}
 {{- $upper := upper . }}
 {{- if or (has $upper $known) (contains "SECRET" $upper) (contains "PASSWORD" $upper) (contains "TOKEN" $upper) }}true{{ end }}
 {{- end }}
