@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Exhaustive model check of Perago's publication protocol.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="mechanisms (--drop):\n"
-        + "\n".join(f"  {k:<10} {v}" for k, v in MECHANISMS.items())
+        + "\n".join(f"  {k:<12} {v}" for k, v in MECHANISMS.items())
         + "\n\nproposed fixes (--fix):\n"
         + "\n".join(f"  {k:<22} {v}" for k, v in FIXES.items()),
     )
@@ -54,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
         default="outside-reset",
         help="a foreign writer commits once, never inside a reset window (default)",
     )
-    foreign.add_argument("--no-foreign", dest="foreign", action="store_const", const="off")
+    foreign.add_argument(
+        "--no-foreign", dest="foreign", action="store_const", const="off", help="no foreign writer"
+    )
     foreign.add_argument(
         "--foreign-anytime",
         dest="foreign",
@@ -63,11 +65,19 @@ def _parser() -> argparse.ArgumentParser:
         help="the foreign writer may also commit inside a reset window",
     )
     hook = p.add_mutually_exclusive_group()
-    hook.add_argument("--hook", dest="hooks", action="store_const", const=(True,))
-    hook.add_argument("--no-hook", dest="hooks", action="store_const", const=(False,))
+    hook.add_argument(
+        "--hook", dest="hooks", action="store_const", const=(True,), help="hook installed only"
+    )
+    hook.add_argument(
+        "--no-hook", dest="hooks", action="store_const", const=(False,), help="hook never"
+    )
     pinned = p.add_mutually_exclusive_group()
-    pinned.add_argument("--pinned", dest="pinned", action="store_const", const=(True,))
-    pinned.add_argument("--unpinned", dest="pinned", action="store_const", const=(False,))
+    pinned.add_argument(
+        "--pinned", dest="pinned", action="store_const", const=(True,), help="input names a ref"
+    )
+    pinned.add_argument(
+        "--unpinned", dest="pinned", action="store_const", const=(False,), help="input: no ref"
+    )
     p.add_argument("--redelivery", action="store_true", help="one re-delivery of a task id")
     p.add_argument("--retries", type=int, default=1, help="Conductor retries (default 1)")
     p.add_argument("--deterministic", action="store_true", help="every attempt: same diff")
