@@ -72,6 +72,10 @@ class BranchLeases:
                 self._managers[repository] = self._build(repository)
             return self._managers[repository]
 
+    def held(self, repository: str, branch: str) -> bool:
+        """Whether someone holds the branch's lease right now (one read)."""
+        return self.manager(repository).holder(lease_name(repository, branch)) is not None
+
     def acquire(self, repository: str, branch: str, owner: str) -> HeldLease:
         """Take the branch's lease, waiting up to :attr:`wait` (LeaseBusyError after that)."""
         manager = self.manager(repository)

@@ -167,6 +167,11 @@ class LeaseManager:
                 continue  # taken over (the re-read raises LeaseLostError) or renewed meanwhile
             return replace(grant, expires_at=sent + self._ttl)
 
+    def holder(self, name: str) -> LeaseRecord | None:
+        """The lease's record if someone holds it now (one read; no watch is started)."""
+        record = _parse(name, self._store.get(_key(name)))
+        return record if record is not None and record.held else None
+
     def time_left(self, grant: Grant) -> float:
         """Seconds of ``grant`` left on this manager's clock (negative once over)."""
         return grant.expires_at - self._clock()

@@ -275,6 +275,34 @@ class Publisher:
     def _confirm_noop(
         self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
     ) -> str:
+        """An empty diff: complete on the input ref, or move an abandoned publication off it.
+
+        An earlier attempt of the step that passed its fence #2 holds the branch lease until
+        its merge is done, and may still merge after this attempt read the head (found by the
+        model check, docs/model-check.md). So the lease is read *before* the head: free, and
+        the head is the input ref, then nothing can land any more; held, and this attempt
+        waits for it (a dead holder's is taken over), re-runs the attempt fence and decides
+        under it.
+        """
+        repo, branch = target.repository, target.branch
+        if self._leases is None:
+            return self._noop_decision(me, target, None, log)
+        if not self._leases.held(repo, branch):
+            head = self._store.branch_head(repo, branch)
+            if head == target.input_ref:
+                log.info("noop_completed", ref=target.input_ref)
+                return target.input_ref
+        with self._branch_lease(me, target, log) as lease:
+            self._fence(me, log, 2)
+            return self._noop_decision(me, target, lease, log)
+
+    def _noop_decision(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        lease: HeldLease | None,
+        log: structlog.stdlib.BoundLogger,
+    ) -> str:
         repo = target.repository
         head = self._store.get_commit(repo, self._store.branch_head(repo, target.branch))
         decision = decide_publication(head, target.input_ref, me)
@@ -286,8 +314,7 @@ class Publisher:
                 f"no-op attempt found its own publication {head.id} on {target.branch}; "
                 "this cannot happen for an empty diff: inspect the branch"
             )
-        with self._branch_lease(me, target, log) as lease:
-            self._reset(me, target, head.id, target.input_ref, lease, log)
+        self._reset(me, target, head.id, target.input_ref, lease, log)
         log.info("noop_relocated", ref=target.input_ref, replaced=head.id)
         return target.input_ref
 

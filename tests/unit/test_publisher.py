@@ -274,6 +274,28 @@ def test_a_holder_whose_lease_was_taken_over_never_merges(
     assert store.branch_head("r", "main") == base
 
 
+def test_a_noop_waits_for_a_lease_an_earlier_attempt_holds(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    """Model-check finding F1: an earlier attempt past its fence #2 may still merge."""
+    leases = _leases([0.0])
+    base = store.branch_head("r", "main")
+    target = WorkspaceTarget("r", "main", base)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    me = ident(task="t1", retry=1)
+    pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
+    # Free lease, head on the input ref: completes at once and writes no lease record.
+    assert pub.publish(me, target, "data/", empty, Diff(), LOG) == base
+    assert leases.manager("r").records() == []
+    # The first attempt holds the lease (between its fence #2 and its merge).
+    held = leases.acquire("r", "main", "t0-p1")
+    with pytest.raises(LeaseBusyError):
+        pub.publish(me, target, "data/", empty, Diff(), LOG)
+    held.release()
+    assert pub.publish(me, target, "data/", empty, Diff(), LOG) == base
+
+
 def test_materialize_skips_folder_markers_and_refuses_unsafe_names(tmp_path: Path) -> None:
     from perago.errors import UnsafePathError
     from perago.workspace import materialize
