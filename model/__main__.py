@@ -1,9 +1,10 @@
 """``python -m model``: check the publication protocol exhaustively; exit 1 on a violation.
 
-Without options it checks the protocol as coded, in the configuration of docs/model-check.md.
-``--drop M`` removes a mechanism and reports what breaks that did not break with it;
-``--drops`` does that for every mechanism; ``--fix all`` applies the changes the model found
-necessary.
+Without options it checks the protocol as coded, in the configuration of docs/model-check.md
+(every invariant holds: exit 0). ``--drop M`` removes a mechanism and reports what breaks that
+did not break with it; ``--drops`` does that for every mechanism; ``--fix all`` applies the
+changes the model found necessary for what the default configuration leaves out
+(``--redelivery``: finding F3, open).
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n{len(result.violations)} invariant(s) violated.", end=" ")
         if not cfg.fixes:
             print(
-                "The protocol as coded has the weaknesses above; --fix all applies the "
-                "changes proposed in docs/model-check.md."
+                "docs/model-check.md (findings) says which are open, fixed or documented "
+                "limits; --fix all applies the changes it proposes."
             )
         else:
             print()

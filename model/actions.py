@@ -1,9 +1,9 @@
 """Every enabled action of a state: the attempts' steps and everything around them.
 
 The environment: Conductor (polls, re-deliveries, response timeouts), the foreign writer,
-lease expiry (the holder is paused or dead) and crashes (a worker dies after any step and
-its lease stays held until it expires). Successor states are normalized so that states
-differing only in dead data compare equal.
+lease expiry (the holder is paused or dead), the janitor deleting a run-out lease record, and
+crashes (a worker dies after any step and its lease stays held until it expires). Successor
+states are normalized so that states differing only in dead data compare equal.
 """
 
 from __future__ import annotations
@@ -13,16 +13,29 @@ from model.config import Config
 from model.state import DONE, LIVE_TASK, Attempt, State, attempt_name, ref_name
 from model.store import FOREIGN, add_commit, reachable, staged_slot
 
-__all__ = ["CLOCK", "CONDUCTOR", "FOREIGN_WRITER", "actor_name", "successors", "terminal"]
+__all__ = [
+    "CLOCK",
+    "CONDUCTOR",
+    "FOREIGN_WRITER",
+    "JANITOR",
+    "actor_name",
+    "successors",
+    "terminal",
+]
 
 #: Actors that are not attempts (an attempt is named by its slot, >= 0).
-CONDUCTOR, FOREIGN_WRITER, CLOCK = -1, -2, -3
+CONDUCTOR, FOREIGN_WRITER, CLOCK, JANITOR = -1, -2, -3, -4
 
 Transition = worker.Transition
 
 
 def actor_name(cfg: Config, actor: int) -> str:
-    names = {CONDUCTOR: "Conductor", FOREIGN_WRITER: "foreign writer", CLOCK: "time"}
+    names = {
+        CONDUCTOR: "Conductor",
+        FOREIGN_WRITER: "foreign writer",
+        CLOCK: "time",
+        JANITOR: "janitor",
+    }
     return names[actor] if actor < 0 else attempt_name(cfg, actor)
 
 
@@ -78,6 +91,11 @@ def _environment(cfg: Config, s: State) -> list[Transition]:
         holder = attempt_name(cfg, s.lease.holder)
         label = f"{holder}'s branch lease runs out (its holder is paused or dead)"
         out.append((CLOCK, label, s._replace(lease=expired), False))
+    deleted = lease.delete(s.lease)
+    if deleted is not None:
+        holder = attempt_name(cfg, s.lease.holder)
+        label = f"the janitor deletes {holder}'s run-out lease record"
+        out.append((JANITOR, label, s._replace(lease=deleted), False))
     return out
 
 

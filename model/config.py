@@ -12,7 +12,7 @@ __all__ = ["FIXES", "FOREIGN_MODES", "MECHANISMS", "Config"]
 
 #: Every mechanism ``--drop`` can remove, with what removing it means in the model.
 MECHANISMS: dict[str, str] = {
-    "fence1": "attempt fence #1 always passes (a stale attempt reaches the no-op decision)",
+    "fence1": "attempt fence #1 always passes (a stale attempt reaches staging or the no-op path)",
     "fence2": "attempt fence #2 always passes (a stale attempt reaches the publish fence)",
     "marker": "staged commits do not rewrite the publication marker (no 3-way conflict)",
     "hook": "the expected-head pre-merge hook is never installed",
@@ -23,14 +23,15 @@ MECHANISMS: dict[str, str] = {
     "identity": "commit metadata is ignored: a head whose parent is the input ref counts as "
     "an abandoned publication, an unpinned retry pins the head",
     "tag": "a replaced head is not tagged before the hard reset",
+    "noop-peek": "the no-op path decides on the head without reading the branch lease first "
+    "and takes the lease only to relocate (the code before 261b23b: finding F1)",
 }
 
 #: Changes to the protocol that the model found necessary (docs/model-check.md, findings).
 FIXES: dict[str, str] = {
-    "noop-lease": "the no-op path takes the branch lease, then re-runs the attempt fence and "
-    "reads the head under it, also when the head is the input ref",
     "guarded-report": "COMPLETED is reported to Conductor as a guarded write under the "
-    "branch lease (released after the report), so no delivery that lost the lease reports it",
+    "branch lease (released after the report), so no delivery that lost the lease reports it; "
+    "the no-op path therefore always takes the lease (no shortcut on a free lease)",
 }
 
 #: How the foreign writer (not Perago) may commit to the target branch.
@@ -85,6 +86,11 @@ class Config:
     @property
     def leases(self) -> bool:
         return self.has("lease")
+
+    @property
+    def guarded_report(self) -> bool:
+        """Fix guarded-report, which needs a lease to guard the report with."""
+        return self.leases and self.fixed("guarded-report")
 
     @property
     def tasks(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from model.state import Lease
 from model.store import NO_REF
 
-__all__ = ["acquire", "expire", "guard", "holds", "release", "renew"]
+__all__ = ["acquire", "delete", "expire", "guard", "holds", "release", "renew"]
 
 
 def acquire(lease: Lease, me: int) -> Lease | None:
@@ -51,3 +51,12 @@ def expire(lease: Lease) -> Lease | None:
     if lease.holder == NO_REF or lease.expired:
         return None
     return lease._replace(expired=True)
+
+
+def delete(lease: Lease) -> Lease | None:
+    """The janitor deletes a run-out record (``sweep_leases``); None unless one has run out.
+
+    For a taker this is a takeover by nobody; for a reader (``BranchLeases.held``) the lease
+    is free again, while its holder may still be paused: it can no longer renew or write.
+    """
+    return Lease() if lease.holder != NO_REF and lease.expired else None

@@ -14,6 +14,8 @@ STEPS = frozenset(
     {
         "polled",
         "fence1",
+        "noop_peek",
+        "noop_head",
         "noop_decide",
         "noop_lease",
         "stage",
@@ -39,11 +41,22 @@ STEPS = frozenset(
 def why_no_counterexample(cfg: Config, mechanism: str) -> str:
     """Why dropping ``mechanism`` left every invariant intact in ``cfg``: defence in depth."""
     guarded = cfg.leases and cfg.has("merge-guard")
-    if mechanism == "fence1" and cfg.leases and cfg.fixed("noop-lease"):
+    if mechanism == "fence1" and cfg.guarded_report:
         return (
-            "every path re-runs the attempt fence under the branch lease right before its "
-            "decision (fence #2, on the no-op path too with the fix noop-lease), so fence #1 "
-            "only saves work"
+            "every write and every COMPLETED report follows attempt fence #2 under the branch "
+            "lease (the no-op path takes it too), so fence #1 only saves work"
+        )
+    if mechanism == "fence1" and cfg.leases and cfg.has("noop-peek") and cfg.redeliveries == 0:
+        return (
+            "every write follows attempt fence #2 under the branch lease (on the no-op path "
+            "too since 261b23b), and the no-op shortcut (lease free, head the input ref) "
+            "writes nothing: a stale attempt's COMPLETED is ignored, its task id being "
+            "terminal. So fence #1 only saves work"
+        )
+    if mechanism == "noop-peek" and cfg.guarded_report:
+        return (
+            "with the fix guarded-report the no-op path always takes the branch lease, so "
+            "there is no lease read to drop"
         )
     if mechanism == "marker" and (guarded or cfg.hooks == (True,)):
         why = (
@@ -113,15 +126,18 @@ def _unreachable(cfg: Config) -> frozenset[str]:
     """Steps a configuration cannot reach by construction."""
     out = set()
     if not cfg.leases:
-        out |= {"noop_lease", "reread", "refresh", "recheck"}
+        out |= {"noop_peek", "noop_head", "noop_lease", "noop_fence"}
+        out |= {"reread", "refresh", "recheck"}
     if not cfg.has("tag"):
         out.add("tag")
     if not cfg.noop:
-        out |= {"noop_decide", "noop_lease", "noop_fence"}
+        out |= {"noop_peek", "noop_head", "noop_decide", "noop_lease", "noop_fence"}
     if not (cfg.leases and cfg.has("merge-guard")):
         out |= {"merge_refresh", "merge_recheck"}
-    if not (cfg.leases and cfg.fixed("noop-lease")):
-        out.add("noop_fence")
+    if not cfg.has("noop-peek") or cfg.guarded_report:
+        out |= {"noop_peek", "noop_head"}  # the no-op path never reads the lease first
+        if not cfg.guarded_report:
+            out.add("noop_fence")  # and never re-runs its fence (the code before 261b23b)
     return frozenset(out)
 
 

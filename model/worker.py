@@ -15,6 +15,14 @@ Where the code and the issue's description differ, the model follows the code:
   abstract time both end in the same lease state, and both fail once the lease was taken;
 - a merge whose answer is lost is looked up in the log (``find_own_publication``) and gets
   the post-publish check, but no lease re-check (the exception skips ``guarded``'s).
+
+The no-op path (``Publisher._confirm_noop``, 261b23b), with a lease backend: read the lease
+record (``BranchLeases.held``, one read: held iff it names an owner, run out or not); free,
+then read the head, and the head is the input ref: complete, without the lease. Held, or
+another head: acquire the lease (waiting; a run-out grant is taken over), re-run the attempt
+fence (fence #2) and decide on the head under it. The lease read and the head read are two
+steps, so everything can happen between them. ``--drop noop-peek`` gives the code before
+261b23b (decide on the head without reading the lease, take it only to relocate): F1.
 The proposed fixes (``Config.fixes``) change exactly the steps they name.
 """
 
@@ -25,7 +33,7 @@ from typing import Any
 
 from model import conductor, lease
 from model.config import Config
-from model.state import COMPLETED, FAILED, Attempt, State, ref_name, task_of
+from model.state import COMPLETED, FAILED, Attempt, State, attempt_name, ref_name, task_of
 from model.store import NO_REF, ROOT, add_commit, merge, merge_slot, staged_slot
 
 __all__ = ["RESET_WINDOW", "Transition", "decide", "steps"]
@@ -94,8 +102,20 @@ def _reset_entry(cfg: Config) -> str:
 
 
 def _noop_under_lease(cfg: Config) -> bool:
-    """Fix noop-lease: the no-op decision itself is taken under the branch lease."""
-    return cfg.leases and cfg.fixed("noop-lease")
+    """The no-op path decides under the branch lease (unless the lease read allows a shortcut).
+
+    As coded (261b23b) when the lease read finds it held or the head is not the input ref;
+    always with the fix guarded-report. Without ``noop-peek`` (the code before 261b23b) the
+    decision is taken without the lease, which is acquired only to relocate.
+    """
+    return cfg.leases and (cfg.has("noop-peek") or cfg.guarded_report)
+
+
+def _noop_entry(cfg: Config) -> str:
+    """The no-op path's first step after fence #1."""
+    if not _noop_under_lease(cfg):
+        return "noop_decide"
+    return "noop_lease" if cfg.guarded_report else "noop_peek"
 
 
 def _start(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
@@ -130,7 +150,7 @@ def _fence(cfg: Config, s: State, slot: int, a: Attempt, n: int) -> list[Transit
         label = f"attempt fence #{n} fails: Conductor moved on"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
     if n == 1 and a.empty:
-        pc = "noop_lease" if _noop_under_lease(cfg) else "noop_decide"
+        pc = _noop_entry(cfg)
     elif n == 1:
         pc = "stage"
     else:
@@ -153,7 +173,8 @@ def _noop_decide(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transitio
     head = ref_name(cfg, s.head)
     if d == FIRST:
         nxt = _finish(cfg, a, COMPLETED, a.input_ref)
-        label = f"no-op: head {head} is the input ref: completes with it"
+        how = " (under the lease)" if a.leased else ""
+        label = f"no-op: head {head} is the input ref{how}: completes with it"
         return [(slot, label, _put(s, slot, nxt), False)]
     if d == REPLACE:
         lease_next = cfg.leases and not _noop_under_lease(cfg)
@@ -164,6 +185,29 @@ def _noop_decide(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transitio
     why = "its own publication" if d == LANDED else "unexplained"
     label = f"no-op: head {head} is {why}: PublishFenceError"
     return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+
+
+def _noop_peek(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
+    """``BranchLeases.held``: one read of the lease record, no acquisition."""
+    if s.lease.holder == NO_REF:
+        label = "no-op: reads the branch lease: free"
+        return [(slot, label, _put(s, slot, a._replace(pc="noop_head")), False)]
+    holder = attempt_name(cfg, s.lease.holder)
+    label = (
+        f"no-op: reads the branch lease: held by {holder}: takes it (waits) and decides under it"
+    )
+    return [(slot, label, _put(s, slot, a._replace(pc="noop_lease")), False)]
+
+
+def _noop_head(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
+    """The lease was free: read the head; the input ref completes without the lease."""
+    head = ref_name(cfg, s.head)
+    if s.head == a.input_ref:
+        nxt = _finish(cfg, a, COMPLETED, a.input_ref)
+        label = f"no-op: head {head} is the input ref (the lease was free): completes with it"
+        return [(slot, label, _put(s, slot, nxt), False)]
+    label = f"no-op: head {head} is not the input ref: takes the lease and decides under it"
+    return [(slot, label, _put(s, slot, a._replace(pc="noop_lease")), False)]
 
 
 def _noop_lease(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
@@ -363,6 +407,8 @@ Step = Callable[[Config, State, int, Attempt], list[Transition]]
 _STEPS: dict[str, Step] = {
     "polled": _start,
     "fence1": _fence1,
+    "noop_peek": _noop_peek,
+    "noop_head": _noop_head,
     "noop_decide": _noop_decide,
     "noop_lease": _noop_lease,
     "stage": _stage,

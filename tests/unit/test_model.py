@@ -9,7 +9,17 @@ import pytest
 from model import FIXES, MECHANISMS, Config, conductor, explore, lease, worker
 from model.__main__ import main
 from model.report import STEPS, steps_of, why_no_counterexample
-from model.state import COMPLETED, Lease, State, initial_states, slot_of
+from model.state import (
+    COMPLETED,
+    ENDED,
+    IN_PROGRESS,
+    Attempt,
+    Lease,
+    State,
+    Task,
+    initial_states,
+    slot_of,
+)
 from model.store import (
     FOREIGN,
     NO_REF,
@@ -28,8 +38,8 @@ Commits = tuple[Commit | None, ...]
 AS_CODED = Config()
 FIXED = Config(fixes=frozenset(FIXES))
 
-#: What each mechanism protects in the protocol with the proposed fixes (None: defence in
-#: depth under the modelled assumptions, explained by the report).
+#: What each mechanism protects in the protocol as coded (None: defence in depth under the
+#: modelled assumptions, explained by the report).
 PROTECTS = {
     "fence1": None,
     "fence2": "I2a",
@@ -40,7 +50,11 @@ PROTECTS = {
     "merge-guard": "I2b",
     "identity": "I3a",
     "tag": "I3b",
+    "noop-peek": "I4",
 }
+
+#: One re-delivery of a task id, the smallest configuration that shows finding F3.
+REDELIVERY = Config(redeliveries=1, foreign="off", hooks=(False,), pinned=(True,))
 
 
 def _invariants(cfg: Config) -> set[str]:
@@ -50,32 +64,42 @@ def _invariants(cfg: Config) -> set[str]:
 # -- the full check ----------------------------------------------------------------------------
 
 
-def test_protocol_as_coded_lets_a_no_op_retry_complete_under_a_late_merge() -> None:
-    """Finding F1 (docs/model-check.md): the no-op decision is not taken under the lease."""
+def test_the_protocol_as_coded_holds_and_every_step_is_reached() -> None:
+    """The default configuration (``make model-check``): F1 is fixed in 261b23b."""
     result = explore(AS_CODED)
-    assert [v.invariant for v in result.violations] == ["I4"]
-    assert "output r0 from r0, but the branch also carries" in result.violations[0].message
-    assert result.states > 20_000
-    assert steps_of(result) == STEPS - {"noop_fence"}
-
-
-def test_with_the_proposed_fixes_every_invariant_holds_and_every_step_is_reached() -> None:
-    result = explore(FIXED)
     assert result.ok, [v.message for v in result.violations]
-    assert result.states > 30_000 and result.transitions > 150_000
+    assert result.states > 40_000 and result.transitions > 190_000
     assert result.depth >= 25
     assert steps_of(result) == STEPS
 
 
+def test_without_the_lease_read_a_no_op_retry_completes_under_a_late_merge() -> None:
+    """Finding F1 (the code before 261b23b), and with no lease backend at all."""
+    for drop, length in (("noop-peek", 14), ("lease", 13)):
+        found = explore(Config(drops=frozenset({drop})), stop_at_first=True).violations
+        assert [(v.invariant, len(v.steps)) for v in found] == [("I4", length)]
+        assert "output r0 from r0, but the branch also carries" in found[0].message
+
+
+def test_with_the_guarded_report_every_invariant_holds() -> None:
+    result = explore(FIXED)
+    assert result.ok, [v.message for v in result.violations]
+    assert steps_of(result) == STEPS - {"noop_peek", "noop_head"}
+
+
 def test_a_redelivered_task_id_needs_the_guarded_report() -> None:
-    small = Config(
-        redeliveries=1, foreign="off", hooks=(False,), pinned=(True,), same_diff=True, noop=False
-    )
-    without = replace(small, fixes=frozenset(FIXES) - {"guarded-report"})
-    found = explore(without, stop_at_first=True).violations
+    """Finding F3 (open): a stale delivery's COMPLETED counts while the task id is live."""
+    deterministic = replace(REDELIVERY, same_diff=True, noop=False)
+    found = explore(deterministic, stop_at_first=True).violations
     assert [v.invariant for v in found] == ["I4"]
     assert "not on the branch's first-parent history" in found[0].message
-    assert explore(replace(small, fixes=frozenset(FIXES))).ok
+    assert explore(replace(deterministic, fixes=frozenset(FIXES))).ok
+    # The no-op shortcut (lease free, head the input ref) reports without the lease.
+    found = explore(REDELIVERY, stop_at_first=True).violations
+    assert [(v.invariant, len(v.steps)) for v in found] == [("I4", 14)]
+    assert "output r0 from r0, but the branch also carries its publication M[t0p2]" in (
+        found[0].message
+    )
 
 
 # -- each mechanism ----------------------------------------------------------------------------
@@ -83,7 +107,7 @@ def test_a_redelivered_task_id_needs_the_guarded_report() -> None:
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
 def test_dropping_a_mechanism_breaks_what_it_protects(mechanism: str) -> None:
-    cfg = Config(fixes=frozenset(FIXES), drops=frozenset({mechanism}))
+    cfg = Config(drops=frozenset({mechanism}))
     expected = PROTECTS[mechanism]
     if expected is None:
         assert explore(cfg).ok
@@ -95,30 +119,21 @@ def test_dropping_a_mechanism_breaks_what_it_protects(mechanism: str) -> None:
         assert [v.invariant for v in first] == [expected]
 
 
-def test_defence_in_depth_marker_and_lease_together_protect_once() -> None:
-    cfg = Config(fixes=frozenset(FIXES), drops=frozenset({"marker", "lease"}))
-    assert "I1" in _invariants(cfg)
-
-
-def test_as_coded_both_fences_matter_and_the_marker_without_the_merge_guard() -> None:
-    for drops, invariant in (
-        ({"fence1"}, "I2a"),
-        ({"fence2"}, "I2a"),
-        ({"marker", "merge-guard"}, "I1"),
-    ):
-        assert invariant in _invariants(Config(drops=frozenset(drops)))
+def test_defence_in_depth_the_marker_protects_once_without_the_lease_or_merge_guard() -> None:
+    for drops in ({"marker", "lease"}, {"marker", "merge-guard"}):
+        assert "I1" in _invariants(Config(drops=frozenset(drops)))
 
 
 def test_a_foreign_commit_inside_a_reset_window_is_lost() -> None:
     """The documented limitation: lakeFS OSS has no compare-and-swap for a hard reset."""
-    cfg = Config(fixes=frozenset(FIXES), foreign="anytime", pinned=(True,), hooks=(True,))
+    cfg = Config(foreign="anytime", pinned=(True,), hooks=(True,))
     assert _invariants(cfg) == {"I3a"}
 
 
 # -- step semantics ----------------------------------------------------------------------------
 
 
-def _start(cfg: Config = FIXED) -> State:
+def _start(cfg: Config = AS_CODED) -> State:
     return next(initial_states(cfg))
 
 
@@ -195,13 +210,15 @@ def test_a_lease_is_taken_over_only_after_it_ran_out() -> None:
     assert taken == Lease(1)
     assert lease.guard(taken, 0) == "LeaseLostError" and lease.renew(taken, 0) is None
     assert lease.release(taken, 0) == taken  # releasing a lost lease changes nothing
+    assert lease.delete(held) is None  # the janitor deletes only a run-out record
+    assert lease.delete(expired) == Lease() and lease.renew(Lease(), 0) is None
 
 
 def test_the_publish_fence_never_replaces_a_foreign_head_unless_identity_is_dropped() -> None:
     s = _start()
     commits = add_commit(s.commits, FOREIGN, (ROOT,), kind="foreign", marker=NO_REF)
     s = s._replace(commits=commits, head=FOREIGN)
-    assert worker.decide(FIXED, s, 1, ROOT) == "refused"
+    assert worker.decide(AS_CODED, s, 1, ROOT) == "refused"
     blind = Config(drops=frozenset({"identity"}))
     assert worker.decide(blind, s, 1, ROOT) == "REPLACE"
 
@@ -210,8 +227,8 @@ def test_an_earlier_attempts_publication_is_replaced_a_later_ones_is_not() -> No
     s = _start()
     commits = _merge(_staged(s.commits, 0), ROOT, 0).commits
     s = s._replace(commits=commits, head=merge_slot(0))
-    assert worker.decide(FIXED, s, 1, ROOT) == "REPLACE"
-    assert worker.decide(FIXED, s, 0, ROOT) == "LANDED"
+    assert worker.decide(AS_CODED, s, 1, ROOT) == "REPLACE"
+    assert worker.decide(AS_CODED, s, 0, ROOT) == "LANDED"
 
 
 def test_conductor_takes_a_stale_deliverys_update_of_a_live_task_id() -> None:
@@ -230,11 +247,51 @@ def test_conductor_takes_a_stale_deliverys_update_of_a_live_task_id() -> None:
     assert not again  # terminal: ignored
 
 
-def test_cli_exits_1_with_a_trace_as_coded_and_0_with_the_fixes(
+def _at(cfg: Config, s: State, pc: str) -> State:
+    """``s`` with t1 (pinned input, empty diff, past fence #1) at step ``pc``."""
+    slot = slot_of(cfg, 1, 1)
+    a = Attempt(pc, input_ref=ROOT, empty=True)
+    return s._replace(attempts=(*s.attempts[:slot], a, *s.attempts[slot + 1 :]))
+
+
+def _step(cfg: Config, s: State, slot: int) -> State:
+    [(_, _, nxt, moved)] = worker.steps(cfg, s, slot)
+    assert not moved
+    return nxt
+
+
+def _pc(s: State, slot: int) -> str:
+    a = s.attempts[slot]
+    assert a is not None
+    return a.pc
+
+
+def test_the_no_op_path_reads_the_lease_then_the_head_in_two_steps() -> None:
+    cfg, t1 = AS_CODED, slot_of(AS_CODED, 1, 1)
+    s = _start(cfg)
+    assert _pc(_step(cfg, _at(cfg, s, "noop_peek"), t1), t1) == "noop_head"
+    held = s._replace(lease=Lease(0, expired=True))  # a dead holder's record: still held
+    assert _pc(_step(cfg, _at(cfg, held, "noop_peek"), t1), t1) == "noop_lease"
+    done = _step(cfg, _at(cfg, s, "noop_head"), t1)
+    assert done.attempts[t1] == Attempt("report", ROOT, status=COMPLETED, ref=ROOT)
+    assert done.lease == Lease()  # completed without ever taking the lease
+    take = _step(cfg, _at(cfg, s._replace(head=FOREIGN), "noop_head"), t1)
+    assert _pc(take, t1) == "noop_lease"
+    got = _step(cfg, take, t1)
+    assert _pc(got, t1) == "noop_fence" and got.lease == Lease(t1)
+    # t1 current: fence #1 leads to the lease read, or (fix guarded-report) the acquisition.
+    current = s._replace(tasks=(Task(ENDED, 1), Task(IN_PROGRESS, 1)))
+    assert _pc(_step(cfg, _at(cfg, current, "fence1"), t1), t1) == "noop_peek"
+    assert _pc(_step(FIXED, _at(FIXED, current, "fence1"), t1), t1) == "noop_lease"
+
+
+def test_cli_exits_0_as_coded_and_1_with_a_trace_without_the_lease_read(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["--pinned", "--no-hook"]) == 1
+    assert main(["--pinned", "--no-hook"]) == 0
+    assert "no violation" in capsys.readouterr().out
+    assert main(["--pinned", "--no-hook", "--drop", "noop-peek"]) == 1
     out = capsys.readouterr().out
     assert "Counterexample to I4" in out and "reports COMPLETED with output r0" in out
-    assert main(["--fix", "all", "--drop", "hook", "--no-traces"]) == 0
+    assert main(["--drop", "hook", "--no-traces"]) == 0
     assert "defence in depth" in capsys.readouterr().out
