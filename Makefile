@@ -53,8 +53,10 @@ soak: install
 		tests/integration/test_exclusion.py tests/integration/test_bad_input.py \
 		tests/integration/test_crash_suite.py
 
+## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step
 model-check: $(STAMP)
 	$(BIN)/python -m model
+	$(BIN)/python -m model --retries 2
 
 down:
 	$(BIN)/perago dev down
