@@ -6,7 +6,6 @@ import json
 import logging
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -244,7 +243,7 @@ def janitor(
     from perago.adapters.conductor import ConductorClient
     from perago.adapters.lakefs import LakeFSStore
     from perago.coord.factory import branch_leases
-    from perago.janitor import parse_duration, sweep, sweep_leases
+    from perago.janitor import parse_duration, sweep, sweep_leases, takeover_watch
 
     configure_logging()
     try:
@@ -259,11 +258,7 @@ def janitor(
             older_than=parse_duration(older_than),
         )
         leases = branch_leases(settings, store)
-        watch = (
-            parse_duration(lease_watch)
-            if lease_watch is not None
-            else settings.lease_ttl * settings.max_clock_skew_rate + timedelta(seconds=1)
-        )
+        watch = parse_duration(lease_watch) if lease_watch is not None else takeover_watch(settings)
         lease_report = (
             sweep_leases(leases, repositories=repositories, dry_run=dry_run, watch=watch)
             if leases is not None

@@ -21,13 +21,14 @@ import structlog
 
 from perago import metrics
 from perago.adapters.conductor import TaskSnapshot
+from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.lease import LeaseRecord
 from perago.errors import ConfigError
 from perago.publish.fences import AttemptLedger
 from perago.store import VersionStore
 
-__all__ = ["JanitorReport", "parse_duration", "sweep", "sweep_leases"]
+__all__ = ["JanitorReport", "parse_duration", "sweep", "sweep_leases", "takeover_watch"]
 
 log = structlog.get_logger("perago.janitor")
 _STAGING = re.compile(r"^perago-stg-(?P<task>.+)-p(?P<poll>\d+)$")
@@ -101,6 +102,11 @@ def sweep(
                 dry_run=dry_run,
             )
     return report
+
+
+def takeover_watch(settings: Settings) -> timedelta:
+    """How long to watch a held lease before calling it expired: its takeover time + 1 s."""
+    return settings.lease_ttl * settings.max_clock_skew_rate + timedelta(seconds=1)
 
 
 def sweep_leases(

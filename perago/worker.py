@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from types import FrameType
 from typing import Any
 
@@ -141,18 +140,17 @@ class Worker:
 
     def _janitor_pass(self) -> None:
         """Staging branches of dead attempts, then leases whose holder died (watched first)."""
-        from perago.janitor import sweep, sweep_leases
+        from perago.janitor import sweep, sweep_leases, takeover_watch
 
         try:
             repositories = self._store.list_repositories()
             report = sweep(self._store, self._conductor, repositories=repositories)
             log.info("janitor_pass_done", removed=len(report.removed), kept=len(report.kept))
             if self._leases is not None:
-                s = self._settings
                 leases = sweep_leases(
                     self._leases,
                     repositories=repositories,
-                    watch=s.lease_ttl * s.max_clock_skew_rate + timedelta(seconds=1),
+                    watch=takeover_watch(self._settings),
                     sleep=self._draining.wait,
                 )
                 log.info(

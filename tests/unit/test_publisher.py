@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -216,6 +217,23 @@ def test_a_held_branch_lease_blocks_the_publication(store: MemoryStore, tmp_path
     assert store.list_branches("r", prefix="perago-stg-") == []
 
 
+def _take_over_at(
+    point: str, leases: BranchLeases, clock: list[float], taken: list[int]
+) -> Callable[[str], None]:
+    """A failpoint hook: at ``point`` a taker watches the held lease for ttl x skew, takes it."""
+
+    def hit(name: str) -> None:
+        if name != point:
+            return
+        manager = leases.manager("r")
+        with pytest.raises(LeaseBusyError):
+            manager.acquire("branches/r/main", "taker")  # first look starts the watch
+        clock[0] += 15.1
+        taken.append(manager.acquire("branches/r/main", "taker").token)
+
+    return hit
+
+
 def test_a_holder_whose_lease_was_taken_over_never_resets(
     store: MemoryStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,18 +247,7 @@ def test_a_holder_whose_lease_was_taken_over_never_resets(
     sleeper = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     taken: list[int] = []
 
-    def take_over_while_paused(point: str) -> None:
-        if point != "before_reset":
-            return
-        # The sleeper holds the lease; a taker watches it unchanged for ttl x skew, takes it.
-        manager = leases.manager("r")
-        name = "branches/r/main"
-        with pytest.raises(LeaseBusyError):
-            manager.acquire(name, "taker")  # first look starts the watch
-        clock[0] += 15.1
-        taken.append(manager.acquire(name, "taker").token)
-
-    monkeypatch.setattr(failpoints, "hit", take_over_while_paused)
+    monkeypatch.setattr(failpoints, "hit", _take_over_at("before_reset", leases, clock, taken))
     ws2, diff2 = _workspace(tmp_path, "b", "second")
     with pytest.raises(LeaseLostError):
         sleeper.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
@@ -258,16 +265,9 @@ def test_a_holder_whose_lease_was_taken_over_never_merges(
     me = ident(task="t0")
     sleeper = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
 
-    def take_over_while_paused(point: str) -> None:
-        if point != "after_publish_fence":
-            return
-        manager = leases.manager("r")
-        with pytest.raises(LeaseBusyError):
-            manager.acquire("branches/r/main", "taker")
-        clock[0] += 15.1
-        manager.acquire("branches/r/main", "taker")
-
-    monkeypatch.setattr(failpoints, "hit", take_over_while_paused)
+    taken: list[int] = []
+    hit = _take_over_at("after_publish_fence", leases, clock, taken)
+    monkeypatch.setattr(failpoints, "hit", hit)
     ws, diff = _workspace(tmp_path, "a", "late")
     with pytest.raises(LeaseLostError):
         sleeper.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff, LOG)
