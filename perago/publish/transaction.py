@@ -25,7 +25,7 @@ from perago.publish.identity import (
     staging_branch_name,
 )
 from perago.store import VersionStore
-from perago.workspace import Diff, upload_all
+from perago.workspace import ContentCache, Diff, upload_all
 
 __all__ = ["PUBLICATION_MARKER", "Publisher"]
 
@@ -44,8 +44,10 @@ class Publisher:
         worker_id: str,
         parallelism: int = 8,
         leases: BranchLeases | None = None,
+        cache: ContentCache | None = None,
     ) -> None:
         self._store = store
+        self._cache = cache
         self._ledger = ledger
         self._worker_id = worker_id
         self._parallelism = parallelism
@@ -139,6 +141,7 @@ class Publisher:
             workspace,
             diff.uploads,
             parallelism=self._parallelism,
+            cache=self._cache,
         )
         if diff.deleted:
             self._store.delete_objects(repo, branch, [prefix + p for p in diff.deleted])
@@ -151,12 +154,13 @@ class Publisher:
 
     def _create_staging_branch(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
         repo, branch = target.repository, staging_branch_name(me)
+        # Hidden: users' branch lists stay clean; the janitor lists hidden branches too.
         try:
-            self._store.create_branch(repo, branch, target.input_ref)
+            self._store.create_branch(repo, branch, target.input_ref, hidden=True)
         except ConflictError:
             # Only this very delivery uses this name: a leftover of an earlier try of ours.
             self._store.delete_branch(repo, branch)
-            self._store.create_branch(repo, branch, target.input_ref)
+            self._store.create_branch(repo, branch, target.input_ref, hidden=True)
         return branch
 
     def _commit_staging(
@@ -202,7 +206,7 @@ class Publisher:
         log: structlog.stdlib.BoundLogger,
     ) -> str:
         repo = target.repository
-        head = self._store.get_commit(repo, self._store.branch_head(repo, target.branch))
+        head = self._store.get_commit(repo, target.branch)  # a branch name reads its head
         decision = decide_publication(head, target.input_ref, me)
         log.info("publish_fence_passed", decision=decision.value, head=head.id)
         failpoints.hit("after_publish_fence")
@@ -304,7 +308,7 @@ class Publisher:
         log: structlog.stdlib.BoundLogger,
     ) -> str:
         repo = target.repository
-        head = self._store.get_commit(repo, self._store.branch_head(repo, target.branch))
+        head = self._store.get_commit(repo, target.branch)  # a branch name reads its head
         decision = decide_publication(head, target.input_ref, me)
         if decision is HeadDecision.FIRST:
             log.info("noop_completed", ref=target.input_ref)
