@@ -104,6 +104,18 @@ class Settings(BaseSettings):
         le=128,
         description="Parallel object transfers between lakeFS and a workspace.",
     )
+    cache_dir: Path = Field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / "perago-cache",
+        description="Folder of the worker-local content cache (one subfolder per worker "
+        "process; those of dead processes are removed at start). Attempts get reflinks or "
+        "copies of its files, never links.",
+    )
+    cache_bytes: int = Field(
+        default=1024**3,
+        ge=0,
+        description="Size bound of the worker-local content cache in bytes (least recently "
+        "used entries are evicted); 0 turns the cache off.",
+    )
     http_timeout: timedelta = Field(
         default=timedelta(seconds=60),
         description="Timeout of one HTTP request to lakeFS or Conductor.",
