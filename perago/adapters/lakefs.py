@@ -22,7 +22,7 @@ from lakefs_sdk.exceptions import ApiException
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from perago.config import Settings
-from perago.errors import ConflictError, NotFoundError, StoreError
+from perago.errors import ConflictError, NotFoundError, StoreError, WorkspaceError
 from perago.store import Commit, ObjectInfo
 
 __all__ = ["LakeFSStore"]
@@ -243,6 +243,38 @@ class LakeFSStore:
         return bool(page.results)
 
     @_retry_idempotent
+    def uncommitted_outside(self, repository: str, branch: str, prefix: str) -> list[str]:
+        # One diff page per folder on the way to the prefix, grouped by "/": at each level at
+        # most one entry (the next folder) is on the way, so a short page sees any stray path,
+        # however much was written inside the prefix.
+        levels = [""] + [
+            "/".join(prefix.split("/")[: n + 1]) + "/" for n in range(prefix.count("/"))
+        ]
+        for level in levels:
+            if level == prefix:
+                break
+            page = self._call(
+                f"diff branch {repository}/{branch}",
+                self.branches.diff_branch,
+                repository,
+                branch,
+                prefix=level or None,
+                delimiter="/",
+                amount=20,
+            )
+            outside = [
+                d.path
+                for d in page.results
+                if not (
+                    (d.path.endswith("/") and prefix.startswith(d.path))
+                    or d.path.startswith(prefix)
+                )
+            ]
+            if outside:
+                return outside
+        return []
+
+    @_retry_idempotent
     def create_tag(self, repository: str, tag: str, ref: str) -> None:
         self._call(
             f"create tag {repository}/{tag}",
@@ -369,14 +401,24 @@ class LakeFSStore:
         """Stream a local file to ``branch``; returns what lakeFS stored."""
         what = f"upload {repository}/{branch}/{path}"
         url = self._url(repository, f"branches/{quote(branch, safe='')}/objects", path)
+        try:
+            # A local file that cannot be read is no network fault: never retried.
+            size = source.stat().st_size
+            f = source.open("rb")
+        except OSError as e:
+            raise WorkspaceError(
+                f"cannot read {source} to {what} ({e.strerror or e}); the workspace changed "
+                "after the diff (a thread of the task body still writing?) or the disk failed; "
+                "the attempt fails and Conductor retries it"
+            ) from e
         headers = {
             **self._auth,
             "Content-Type": "application/octet-stream",
-            "Content-Length": str(source.stat().st_size),
+            "Content-Length": str(size),
         }
         if if_absent:
             headers["If-None-Match"] = "*"
-        with source.open("rb") as f:
+        with f:
             try:
                 resp = self._http.request("POST", url, body=f, headers=headers)
             except urllib3.exceptions.HTTPError as e:
