@@ -2,7 +2,7 @@
 
     python -m benchmarks.run            # full sizes, 3 repetitions: about 5 minutes on 2 cores
     python -m benchmarks.run --quick    # every size divided by 10, a smoke run
-    python -m benchmarks.run --only lease   # one scenario: a, b, c, d or lease (f)
+    python -m benchmarks.run --only lease   # one scenario: a, b, c, d, lease (f) or g
 
 The stack comes from the environment when ``CONDUCTOR_SERVER_URL``,
 ``LAKECTL_SERVER_ENDPOINT_URL``, ``LAKECTL_CREDENTIALS_*`` and ``PERAGO_BENCH_LAKECTL`` are
@@ -62,6 +62,7 @@ class Scale:
     one_change: TreeSpec  # (c)
     workflows: int  # (d)
     lease_runs: int  # (f), per side and path
+    cached: TreeSpec  # (g)
 
 
 SCALES = {
@@ -71,6 +72,7 @@ SCALES = {
         one_change=TreeSpec(10_000, 1024),
         workflows=20,
         lease_runs=30,
+        cached=TreeSpec(5_000, 1024),
     ),
     "quick": Scale(
         many=TreeSpec(100, 64 * 1024),
@@ -78,6 +80,7 @@ SCALES = {
         one_change=TreeSpec(1_000, 1024),
         workflows=5,
         lease_runs=5,
+        cached=TreeSpec(500, 1024),
     ),
 }
 
@@ -326,6 +329,43 @@ class Bench:
         shutil.rmtree(work)
         return [publish, copy]
 
+    # -- (g): the worker-local content cache ---------------------------------------------------
+
+    def cached(self, spec: TreeSpec, seed: int) -> list[Row]:
+        """One Perago process publishes, reads that back, reads it again; lakectl clones it."""
+        repo = self.new_repo("g")
+        work = self.tmp / "g"
+        src = work / "src"
+        write_tree(src, spec, seed=seed)
+        chained = Row(
+            f"(g) read what this worker just published, {spec.describe()}", spec.total_bytes
+        )
+        reread = Row(f"(g) read the same ref again, {spec.describe()}", spec.total_bytes)
+        for rep in range(self.repeats):
+            p_branch, _ = self.branches(repo, rep)
+            out = work / f"perago-{rep}"
+            # lakectl clones what Perago published, so Perago always goes first here.
+            run = self.perago("cache", "--repo", repo, "--branch", p_branch, "--prefix", PREFIX,
+                              "--dir", str(src), "--out", str(out))  # fmt: skip
+            self.check_remote(repo, p_branch, spec)
+            for step in ("chained", "reread"):
+                self.check_local(out / step, spec)
+            clones = []
+            for n in range(2):
+                l_out = work / f"lakectl-out-{rep}-{n}"
+                clones.append(self.lakectl.clone(f"lakefs://{repo}/{p_branch}/{PREFIX}", l_out))
+                self.check_local(l_out, spec)
+                shutil.rmtree(l_out)
+            chained.add(
+                Sample.of_perago(run["chained"], run["max_rss_kib"]), Sample.of_lakectl(clones[0])
+            )
+            reread.add(
+                Sample.of_perago(run["reread"], run["max_rss_kib"]), Sample.of_lakectl(clones[1])
+            )
+            shutil.rmtree(out)
+        shutil.rmtree(work)
+        return [chained, reread]
+
     def cleanup(self) -> None:
         for repo in self.repos:
             try:
@@ -368,8 +408,9 @@ def roundtrip_table(rt: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-#: Scenario names for ``--only``: (a)-(c) data, (d) Conductor round trip, (f) branch lease.
-SCENARIOS = ("a", "b", "c", "d", "lease")
+#: Scenario names for ``--only``: (a)-(c) data, (d) Conductor round trip, (f) branch lease,
+#: (g) the content cache.
+SCENARIOS = ("a", "b", "c", "d", "lease", "g")
 
 
 def _merge_results(output: Path, partial_run: dict[str, Any], only: list[str]) -> dict[str, Any]:
@@ -377,7 +418,7 @@ def _merge_results(output: Path, partial_run: dict[str, Any], only: list[str]) -
     if not output.exists():
         return partial_run
     merged: dict[str, Any] = json.loads(output.read_text())
-    ran = tuple(f"({key}) " for key in only if key in ("a", "b", "c"))
+    ran = tuple(f"({key}) " for key in only if key in ("a", "b", "c", "g"))
     merged["rows"] = [
         r for r in merged.get("rows", []) if not r["scenario"].startswith(ran)
     ] + partial_run["rows"]
@@ -446,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
         if "c" in only:
             print(f"(c) {scale.one_change.describe()}, {repeats} repetition(s) ...", flush=True)
             rows += bench.one_change(scale.one_change, 3)
+        if "g" in only:
+            print(f"(g) {scale.cached.describe()}, {repeats} repetition(s) ...", flush=True)
+            rows += bench.cached(scale.cached, 4)
         if "d" in only:
             print(f"(d) {scale.workflows} no-op workflows per worker ...", flush=True)
             rt = roundtrip.measure(bench.env, runs=scale.workflows, work_dir=tmp / "work")

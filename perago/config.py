@@ -104,10 +104,11 @@ class Settings(BaseSettings):
         "unset: a third of the task's response timeout, at least 1 s.",
     )
     transfer_parallelism: int = Field(
-        default=8,
+        default=25,
         ge=1,
         le=128,
-        description="Parallel object transfers between lakeFS and a workspace.",
+        description="Parallel object transfers between lakeFS and a workspace (25, like "
+        "`lakectl local`: each upload waits mostly on lakeFS, not on this process).",
     )
     cache_dir: Path = Field(
         default_factory=lambda: Path(tempfile.gettempdir()) / "perago-cache",

@@ -42,7 +42,7 @@ class Publisher:
         ledger: AttemptLedger,
         *,
         worker_id: str,
-        parallelism: int = 8,
+        parallelism: int = 25,
         leases: BranchLeases | None = None,
         cache: ContentCache | None = None,
     ) -> None:

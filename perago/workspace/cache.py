@@ -33,6 +33,7 @@ import tempfile
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,49 @@ class _Entry:
     path: Path
     size: int
     stamp: tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode as added
+
+
+_HIT = metrics.CACHE.labels("hit")
+_MISS = metrics.CACHE.labels("miss")
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+
+def _write_new(dest: Path, fill: Callable[[int], object], size: int) -> os.stat_result | None:
+    """Create ``dest`` (it must not exist: attempts start empty), fill it, check its size.
+
+    The file is removed again unless it ends up with exactly ``size`` bytes (None then).
+    """
+    try:
+        fd = os.open(dest, _NEW, 0o600)
+    except FileExistsError:  # replace it through a temporary file, as a download does
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".perago-cache-")
+        try:
+            st = _fill(fd, fill, size)
+            if st is not None:
+                os.replace(tmp, dest)
+                return st
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        Path(tmp).unlink(missing_ok=True)
+        return None
+    try:
+        st = _fill(fd, fill, size)
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
+    if st is None:
+        dest.unlink(missing_ok=True)
+    return st
+
+
+def _fill(fd: int, fill: Callable[[int], object], size: int) -> os.stat_result | None:
+    try:
+        fill(fd)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st if st.st_size == size else None
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -146,8 +190,8 @@ class ContentCache:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def copy_to(self, key: str, dest: Path) -> bool:
-        """Write the entry's bytes to a new file ``dest`` (replacing it); False on a miss.
+    def copy_to(self, key: str, dest: Path) -> os.stat_result | None:
+        """Write the entry's bytes to a new file ``dest``; its stat, or None on a miss.
 
         A hit is only a hit if the entry is exactly as added and the copy has its size; a
         damaged entry is dropped and counted as a miss.
@@ -157,41 +201,29 @@ class ContentCache:
             if entry is not None:
                 self._entries.move_to_end(key)
         if entry is None:
-            metrics.CACHE.labels("miss").inc()
-            return False
+            _MISS.inc()
+            return None
         try:
-            src = os.open(entry.path, os.O_RDONLY)
+            src = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             self._drop(key, entry, "missing")
-            metrics.CACHE.labels("miss").inc()
-            return False
+            _MISS.inc()
+            return None
         try:
             if _stamp(os.fstat(src)) != entry.stamp:
                 self._drop(key, entry, "changed")
-                metrics.CACHE.labels("miss").inc()
-                return False
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".perago-cache-")
-            try:
-                try:
-                    clone_file(src, fd, entry.size)
-                    copied = os.fstat(fd).st_size
-                finally:
-                    os.close(fd)
-                if copied != entry.size:
-                    self._drop(key, entry, "short copy")
-                    metrics.CACHE.labels("miss").inc()
-                    Path(tmp).unlink(missing_ok=True)
-                    return False
-                os.chmod(tmp, 0o600)
-                os.replace(tmp, dest)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+                _MISS.inc()
+                return None
+            copied = _write_new(dest, lambda fd: clone_file(src, fd, entry.size), entry.size)
         finally:
             os.close(src)
-        metrics.CACHE.labels("hit").inc()
+        if copied is None:
+            self._drop(key, entry, "short copy")
+            _MISS.inc()
+            return None
+        _HIT.inc()
         metrics.CACHE_BYTES_SAVED.inc(entry.size)
-        return True
+        return copied
 
     # -- adding --------------------------------------------------------------------------------
 

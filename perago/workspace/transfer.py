@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -72,9 +74,12 @@ def run_parallel(items: Iterable[T], fn: Callable[[T], None], *, parallelism: in
             f.result()
 
 
+_MD5_HEX = re.compile(r"[0-9a-f]{32}")
+
+
 def _md5_hex(checksum: str) -> bool:
     """lakeFS's checksum is the content MD5 for plain uploads (not for multipart or links)."""
-    return len(checksum) == 32 and all(c in "0123456789abcdef" for c in checksum)
+    return _MD5_HEX.fullmatch(checksum) is not None
 
 
 def materialize(
@@ -106,18 +111,23 @@ def materialize(
     except UnsafePathError as e:
         raise UnsafePathError(e.message, non_retryable=True) from e  # a retry sees the same
 
+    made: set[Path] = set()
+
     def fetch(item: tuple[ObjectInfo, Path]) -> None:
         obj, dest = item
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.parent not in made:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            made.add(dest.parent)
         key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
         trusted = _md5_hex(obj.checksum)
-        if cache is not None and key is not None and cache.copy_to(key, dest):
+        st = cache.copy_to(key, dest) if cache is not None and key is not None else None
+        if st is not None:
             checksum = obj.checksum if trusted else file_md5(dest)
         else:
             checksum = _download(store, repository, ref, obj, dest, hash_it=not trusted)
             if cache is not None and key is not None:
                 cache.add_downloaded(key, dest, obj.size)
-        st = os.stat(dest)
+            st = os.stat(dest)
         manifest.add(
             ManifestEntry(
                 obj.path[len(prefix) :],
@@ -169,9 +179,12 @@ def upload_all(
 
     def put(rel: str) -> None:
         source = root / rel
-        before = os.stat(source)
-        stored = store.upload(repository, branch, prefix + rel, source)
+        before: os.stat_result | None = None
         if cache is not None:
+            with contextlib.suppress(OSError):  # the upload reports an unreadable file
+                before = os.stat(source)
+        stored = store.upload(repository, branch, prefix + rel, source)
+        if cache is not None and before is not None:
             key = cache.key(stored.checksum, stored.physical_address, stored.size)
             if key is not None:
                 cache.add_file(key, source, stored.size, before=before)
