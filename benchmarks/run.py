@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from benchmarks import lease_overhead, roundtrip
+from benchmarks import lease_overhead, roundtrip, task_duration
 from benchmarks.common import (
     MIB,
     BenchmarkError,
@@ -63,6 +63,8 @@ class Scale:
     workflows: int  # (d)
     lease_runs: int  # (f), per side and path
     cached: TreeSpec  # (g)
+    task_reads: TreeSpec  # (h)
+    task_writes: TreeSpec  # (h)
 
 
 SCALES = {
@@ -73,6 +75,8 @@ SCALES = {
         workflows=20,
         lease_runs=30,
         cached=TreeSpec(5_000, 1024),
+        task_reads=TreeSpec(5_000, 1024),
+        task_writes=TreeSpec(1_000, 64 * 1024),
     ),
     "quick": Scale(
         many=TreeSpec(100, 64 * 1024),
@@ -81,6 +85,8 @@ SCALES = {
         workflows=5,
         lease_runs=5,
         cached=TreeSpec(500, 1024),
+        task_reads=TreeSpec(500, 1024),
+        task_writes=TreeSpec(100, 64 * 1024),
     ),
 }
 
@@ -409,8 +415,8 @@ def roundtrip_table(rt: dict[str, Any]) -> str:
 
 
 #: Scenario names for ``--only``: (a)-(c) data, (d) Conductor round trip, (f) branch lease,
-#: (g) the content cache.
-SCENARIOS = ("a", "b", "c", "d", "lease", "g")
+#: (g) the content cache, (h) task durations through Conductor.
+SCENARIOS = ("a", "b", "c", "d", "lease", "g", "h")
 
 
 def _merge_results(output: Path, partial_run: dict[str, Any], only: list[str]) -> dict[str, Any]:
@@ -422,7 +428,7 @@ def _merge_results(output: Path, partial_run: dict[str, Any], only: list[str]) -
     merged["rows"] = [
         r for r in merged.get("rows", []) if not r["scenario"].startswith(ran)
     ] + partial_run["rows"]
-    for key in ("roundtrip", "lease_overhead"):
+    for key in ("roundtrip", "lease_overhead", "task_duration"):
         if key in partial_run:
             merged[key] = partial_run[key]
     if "perago_baseline_rss_mib" in partial_run:
@@ -477,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline: dict[str, Any] | None = None
     rt: dict[str, Any] | None = None
     lease: dict[str, Any] | None = None
+    task_rows: dict[str, Any] | None = None
     try:
         if any(key in only for key in ("a", "b", "c")):
             baseline = bench.perago("baseline")
@@ -490,6 +497,16 @@ def main(argv: list[str] | None = None) -> int:
         if "g" in only:
             print(f"(g) {scale.cached.describe()}, {repeats} repetition(s) ...", flush=True)
             rows += bench.cached(scale.cached, 4)
+        if "h" in only:
+            print(f"(h) task durations through Conductor, {repeats} repetition(s) ...", flush=True)
+            task_rows = task_duration.measure(
+                bench.env,
+                bench.lakectl,
+                reads=scale.task_reads,
+                writes=scale.task_writes,
+                repeats=repeats,
+                work_dir=tmp / "h",
+            )
         if "d" in only:
             print(f"(d) {scale.workflows} no-op workflows per worker ...", flush=True)
             rt = roundtrip.measure(bench.env, runs=scale.workflows, work_dir=tmp / "work")
@@ -513,6 +530,13 @@ def main(argv: list[str] | None = None) -> int:
     if rt is not None:
         print()
         print(roundtrip_table(rt))
+    if task_rows is not None:
+        print()
+        print("| (h) task duration in Conductor | Perago s | lakectl s | lakectl/Perago |")
+        print("|---|---:|---:|---:|")
+        for r in task_rows["rows"]:
+            print(f"| {r['scenario']} | {r['perago_s']:.2f} | {r['lakectl_s']:.2f} "
+                  f"| {r['ratio']:.2f} |")  # fmt: skip
     if lease is not None:
         print()
         print(lease_overhead.table(lease))
@@ -555,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
         results["perago_baseline_rss_mib"] = _mib(baseline["max_rss_kib"])
     if rt is not None:
         results["roundtrip"] = rt
+    if task_rows is not None:
+        results["task_duration"] = task_rows
     if lease is not None:
         results["lease_overhead"] = {
             "date": results["date"],

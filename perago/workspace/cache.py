@@ -87,6 +87,7 @@ class _Entry:
 
 _HIT = metrics.CACHE.labels("hit")
 _MISS = metrics.CACHE.labels("miss")
+_ADD = metrics.CACHE.labels("add")
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
@@ -274,17 +275,19 @@ class ContentCache:
         return self.add_file(key, source, size, before=before)
 
     def _install(self, key: str, tmp: Path, size: int) -> bool:
+        # Every entry file has its own name: a racing add of the same key, or a reader
+        # dropping a damaged entry, never touches another entry's file.
         os.chmod(tmp, stat.S_IRUSR)
-        final = self.root / key
-        os.replace(tmp, final)
+        final = self.root / f"{key}-{uuid.uuid4().hex[:8]}"
+        os.rename(tmp, final)
         entry = _Entry(final, size, _stamp(os.stat(final)))
         evicted: list[_Entry] = []
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old.size
-            self._entries[key] = entry
-            self._bytes += size
+            if key in self._entries:  # another thread added it meanwhile: keep theirs
+                evicted.append(entry)
+            else:
+                self._entries[key] = entry
+                self._bytes += size
             while self._bytes > self.max_bytes and self._entries:
                 _, victim = self._entries.popitem(last=False)
                 self._bytes -= victim.size
@@ -292,7 +295,9 @@ class ContentCache:
         for victim in evicted:  # never the new entry: it is at most max_bytes
             with contextlib.suppress(FileNotFoundError):
                 victim.path.unlink()
-        metrics.CACHE.labels("add").inc()
+        if evicted and evicted[0] is entry:
+            return True
+        _ADD.inc()
         return True
 
     def _drop(self, key: str, entry: _Entry, why: str) -> None:
