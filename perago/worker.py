@@ -23,6 +23,7 @@ from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.health import HealthServer
+from perago.report import Landing, TaskUpdates
 from perago.runtime import AttemptRunner, Outcome
 from perago.store import VersionStore
 from perago.task import TaskDefinition
@@ -212,25 +213,56 @@ class Worker:
         with self._lock:
             self._inflight[snapshot.task_id].ident = threading.get_ident()
         metrics.IN_FLIGHT.inc()
+        updates = TaskUpdates(
+            snapshot,
+            extend=lambda: self._conductor.extend_lease(
+                snapshot.task_id, snapshot.workflow_id, self._settings.worker_id
+            ),
+            read=lambda: self._conductor.get_task(snapshot.task_id),
+        )
         stop_lease = threading.Event()
         lease = threading.Thread(
             target=self._extend_lease,
-            args=(snapshot, stop_lease),
+            args=(snapshot, updates, stop_lease),
             daemon=True,
             name=f"perago-lease-{snapshot.task_id}",
         )
         lease.start()
+        step = "run"
         try:
             try:
                 outcome = self._runner.run(self._tasks[snapshot.task_type], snapshot)
             except WorkerShutdown:
                 outcome = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+            except Exception as e:  # never a dead attempt without a report
+                log.exception(
+                    "attempt_crashed", workflow_id=snapshot.workflow_id, task_id=snapshot.task_id
+                )
+                metrics.REPORT_PROBLEMS.labels("runner_crashed").inc()
+                outcome = Outcome(
+                    "FAILED",
+                    reason=f"internal error in the worker: {type(e).__name__}: {e}; report it "
+                    "to the Perago maintainers (Conductor retries the task)",
+                )
             stop_lease.set()
             metrics.ATTEMPTS.labels(snapshot.task_type, outcome.status).inc()
-            self._report(snapshot, outcome)
+            step = "report"
+            self._report(snapshot, outcome, updates)
+            step = "after report"
             failpoints.hit("after_complete")
-        except Interrupt:
-            pass
+        except Interrupt as e:
+            # The drain interrupted the attempt in its report (or after it): without a report
+            # Conductor times the attempt out and retries it; the retry decides from HEAD.
+            metrics.REPORT_PROBLEMS.labels("interrupted").inc()
+            log.warning(
+                "attempt_interrupted",
+                reported=step == "after report",
+                workflow_id=snapshot.workflow_id,
+                task_id=snapshot.task_id,
+                retry_count=snapshot.retry_count,
+                step=step,
+                interrupt=type(e).__name__,
+            )
         finally:
             stop_lease.set()
             metrics.IN_FLIGHT.dec()
@@ -238,23 +270,25 @@ class Worker:
                 self._inflight.pop(snapshot.task_id, None)
                 self._lock.notify_all()
 
-    def _extend_lease(self, snapshot: TaskSnapshot, stop: threading.Event) -> None:
+    def _extend_lease(
+        self, snapshot: TaskSnapshot, updates: TaskUpdates, stop: threading.Event
+    ) -> None:
         timeout = snapshot.response_timeout_seconds
         if timeout <= 0:
             return
-        interval = max(1.0, timeout / 3)
-        while not stop.wait(interval):
+        interval = self._settings.extension_interval
+        every = interval.total_seconds() if interval else max(1.0, timeout / 3)
+        while not stop.wait(every):
             try:
-                self._conductor.extend_lease(
-                    snapshot.task_id, snapshot.workflow_id, self._settings.worker_id
-                )
+                if not updates.extend():
+                    return
                 metrics.LEASE_EXTENSIONS.labels("ok").inc()
                 log.debug("lease_extended", task_id=snapshot.task_id)
             except PeragoError as e:
                 metrics.LEASE_EXTENSIONS.labels("failed").inc()
                 log.warning("lease_extension_failed", task_id=snapshot.task_id, error=e.message)
 
-    def _report(self, snapshot: TaskSnapshot, outcome: Outcome) -> None:
+    def _report(self, snapshot: TaskSnapshot, outcome: Outcome, updates: TaskUpdates) -> None:
         body: dict[str, Any] = {
             "taskId": snapshot.task_id,
             "workflowInstanceId": snapshot.workflow_id,
@@ -264,18 +298,28 @@ class Worker:
         }
         if outcome.reason:
             body["reasonForIncompletion"] = outcome.reason[:2000]
+        fields = {
+            "workflow_id": snapshot.workflow_id,
+            "task_id": snapshot.task_id,
+            "retry_count": snapshot.retry_count,
+            "status": outcome.status,
+        }
         try:
-            self._conductor.update_task(body)
-            log.info(
-                "attempt_reported",
-                workflow_id=snapshot.workflow_id,
-                task_id=snapshot.task_id,
-                retry_count=snapshot.retry_count,
-                status=outcome.status,
-            )
+            landed = updates.report(outcome.status, lambda: self._conductor.update_task(body))
         except PeragoError as e:
             # Conductor times the attempt out and retries it; the retry decides from HEAD.
-            log.error("report_failed", task_id=snapshot.task_id, error=e.message)
+            metrics.REPORT_PROBLEMS.labels("report_failed").inc()
+            log.error("report_failed", error=e.message, **fields)
+            return
+        except Exception as e:  # logged and counted, never silent
+            metrics.REPORT_PROBLEMS.labels("report_crashed").inc()
+            log.exception("report_failed", error=f"{type(e).__name__}: {e}", **fields)
+            return
+        if landed is Landing.LANDED:
+            log.info("attempt_reported", **fields)
+            return
+        metrics.REPORT_PROBLEMS.labels(f"report_{landed.value}").inc()
+        log.warning("report_not_shown", landing=landed.value, **fields)
 
     # -- drain ----------------------------------------------------------------------------------
 
