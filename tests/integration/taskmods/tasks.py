@@ -107,7 +107,6 @@ class PartParams(BaseModel):
     part: str
     rows: int = 3
     sleep: float = 0.0
-    fail_first: bool = False  # fail attempt 0 after writing (a retry inside a fan-out)
 
 
 class PartResult(BaseModel):
@@ -125,8 +124,6 @@ def part(workspace: Path, params: PartParams) -> PartResult:
     """Write one partition (a templated prefix): a fan-out writer."""
     time.sleep(params.sleep)
     (workspace / "rows.csv").write_text("".join(f"{params.part},{i}\n" for i in range(params.rows)))
-    if params.fail_first and info().retry_count == 0:
-        raise RuntimeError("the first attempt of this partition fails on purpose")
     return PartResult(part=params.part, rows=params.rows)
 
 
