@@ -145,7 +145,12 @@ class Worker:
 
         try:
             repositories = self._store.list_repositories()
-            report = sweep(self._store, self._conductor, repositories=repositories)
+            report = sweep(
+                self._store,
+                self._conductor,
+                repositories=repositories,
+                cluster_id=self._settings.cluster_id,
+            )
             log.info("janitor_pass_done", removed=len(report.removed), kept=len(report.kept))
             if self._leases is not None:
                 leases = sweep_leases(
