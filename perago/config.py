@@ -98,6 +98,11 @@ class Settings(BaseSettings):
         description="After SIGTERM, how long in-flight attempts may finish before they are "
         "interrupted (and reported FAILED, so Conductor retries them).",
     )
+    extension_interval: timedelta | None = Field(
+        default=None,
+        description="How often a running attempt extends its Conductor response timeout; "
+        "unset: a third of the task's response timeout, at least 1 s.",
+    )
     transfer_parallelism: int = Field(
         default=8,
         ge=1,
@@ -156,7 +161,14 @@ class Settings(BaseSettings):
         description="Ivy cache of Spark packages (the S3A connector).",
     )
 
-    @field_validator("poll_interval", "shutdown_grace", "http_timeout", "lease_ttl", mode="before")
+    @field_validator(
+        "poll_interval",
+        "shutdown_grace",
+        "http_timeout",
+        "lease_ttl",
+        "extension_interval",
+        mode="before",
+    )
     @classmethod
     def _seconds(cls, value: object) -> object:
         # Environment variables say durations in seconds ("0.5", "30").

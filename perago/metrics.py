@@ -13,6 +13,8 @@ __all__ = [
     "JANITOR_REMOVALS",
     "LEASE_EXTENSIONS",
     "PUBLISH_SECONDS",
+    "REPORT_PROBLEMS",
+    "REPORT_RESENDS",
     "STAGE_SECONDS",
 ]
 
@@ -43,4 +45,14 @@ JANITOR_REMOVALS = Counter(
     "perago_janitor_removals_total",
     "Leftovers removed by the janitor: staging branches and expired branch leases.",
     ["kind"],
+)
+REPORT_RESENDS = Counter(
+    "perago_report_resends_total",
+    "Final reports sent again because a read-back did not show them (an overlapping update).",
+)
+REPORT_PROBLEMS = Counter(
+    "perago_report_problems_total",
+    "Attempts whose final report did not land or was not sent, or whose runner crashed "
+    "(reported FAILED), by reason.",
+    ["reason"],
 )

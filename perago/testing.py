@@ -296,6 +296,7 @@ class _Fault:
     task_id: str | None
     applied: bool
     times: int
+    error: BaseException | None
 
 
 class Gate:
@@ -306,8 +307,15 @@ class Gate:
     IN_PROGRESS over a report that landed meanwhile, as the real server can.
     """
 
-    def __init__(self, call: Call, task_id: str | None, release_on: Call | None) -> None:
+    def __init__(
+        self,
+        call: Call,
+        task_id: str | None,
+        release_on: Call | None,
+        release_after: float | None,
+    ) -> None:
         self.call, self.task_id, self.release_on = call, task_id, release_on
+        self.release_after = release_after
         self.arrived = threading.Event()
         self.done = threading.Event()  # the held call has taken effect
         self._open = threading.Event()
@@ -321,10 +329,13 @@ class Gate:
 
     def _wait(self, timeout: float) -> None:
         self.arrived.set()
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
         # Short waits: an Interrupt raised into this thread must get through (worker drain).
         while not self._open.wait(0.01):
-            if time.monotonic() > deadline:
+            held = time.monotonic() - start
+            if self.release_after is not None and held >= self.release_after:
+                return
+            if held > timeout:
                 raise AssertionError(f"gate on {self.call} was never released")
 
 
@@ -428,22 +439,36 @@ class StubOrchestrator:
             )
 
     def fail(
-        self, call: Call, *, task_id: str | None = None, applied: bool = False, times: int = 1
+        self,
+        call: Call,
+        *,
+        task_id: str | None = None,
+        applied: bool = False,
+        times: int = 1,
+        error: BaseException | None = None,
     ) -> None:
-        """Make the next ``times`` calls of ``call`` raise OrchestratorError (HTTP 503).
+        """Make the next ``times`` calls of ``call`` raise ``error`` (default: an
+        OrchestratorError, HTTP 503).
 
         ``applied=False``: the request is lost (nothing changes); ``applied=True``: the
         request takes effect and only its answer is lost.
         """
         with self._cond:
-            self._faults.append(_Fault(call, task_id, applied, times))
+            self._faults.append(_Fault(call, task_id, applied, times, error))
 
     def hold(
-        self, call: Call, *, task_id: str | None = None, release_on: Call | None = None
+        self,
+        call: Call,
+        *,
+        task_id: str | None = None,
+        release_on: Call | None = None,
+        release_after: float | None = None,
     ) -> Gate:
-        """Hold the next ``call`` inside the stub until the gate is released, or until a
-        ``release_on`` call (of the same task, when ``task_id`` is given) has been applied."""
-        gate = Gate(call, task_id, release_on)
+        """Hold the next ``call`` inside the stub until the gate is released, until a
+        ``release_on`` call (of the same task, when ``task_id`` is given) has been applied, or
+        for ``release_after`` seconds (a delayed request: whatever the worker sends meanwhile
+        overtakes it)."""
+        gate = Gate(call, task_id, release_on, release_after)
         with self._cond:
             self._gates.append(gate)
         return gate
@@ -517,7 +542,9 @@ class StubOrchestrator:
             return self._fault(call, task_id), self._gate(call, task_id)
 
     @staticmethod
-    def _raise(call: Call, task_id: str | None) -> None:
+    def _raise(call: Call, task_id: str | None, fault: _Fault) -> None:
+        if fault.error is not None:
+            raise fault.error
         raise OrchestratorError(
             f"stub orchestrator: {call} {task_id or ''} failed on purpose (HTTP 503)", status=503
         )
@@ -527,7 +554,7 @@ class StubOrchestrator:
     def poll(self, task_type: str, *, worker_id: str, count: int) -> list[TaskSnapshot]:
         fault, _ = self._enter("poll", None)
         if fault is not None and not fault.applied:
-            self._raise("poll", None)
+            self._raise("poll", None, fault)
         out: list[TaskSnapshot] = []
         with self._cond:
             queue = self._queues.get(task_type, deque())
@@ -543,13 +570,13 @@ class StubOrchestrator:
                     )
                 )
         if fault is not None:
-            self._raise("poll", None)
+            self._raise("poll", None, fault)
         return out
 
     def get_task(self, task_id: str) -> TaskSnapshot | None:
         fault, _ = self._enter("get_task", task_id)
         if fault is not None:
-            self._raise("get_task", task_id)
+            self._raise("get_task", task_id, fault)
         with self._cond:
             self.gets.append(task_id)
             entry = self._tasks.get(task_id)
@@ -571,7 +598,7 @@ class StubOrchestrator:
             read = self._tasks[update.task_id].snapshot
         fault, gate = self._enter(call, update.task_id)
         if fault is not None and not fault.applied:
-            self._raise(call, update.task_id)
+            self._raise(call, update.task_id, fault)
         if gate is not None:
             with self._cond:
                 self._waiting.append(gate)
@@ -595,7 +622,7 @@ class StubOrchestrator:
             if gate is not None:
                 gate.done.set()
         if fault is not None:
-            self._raise(call, update.task_id)
+            self._raise(call, update.task_id, fault)
 
     def _release_after(self, call: Call, task_id: str) -> None:
         for gate in self._waiting + self._gates:

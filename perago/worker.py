@@ -24,6 +24,7 @@ from perago.coord.branch_leases import BranchLeases
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.health import HealthServer
 from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
+from perago.report import Landing, TaskUpdates
 from perago.runtime import SHUTDOWN, AttemptRunner
 from perago.store import VersionStore
 from perago.task import TaskDefinition
@@ -213,25 +214,55 @@ class Worker:
         with self._lock:
             self._inflight[snapshot.task_id].ident = threading.get_ident()
         metrics.IN_FLIGHT.inc()
+        worker_id = self._settings.worker_id
+        updates = TaskUpdates(
+            snapshot,
+            extend=lambda: self._orchestrator.extend(snapshot, worker_id=worker_id),
+            read=lambda: self._orchestrator.get_task(snapshot.task_id),
+        )
         stop_extending = threading.Event()
         extender = threading.Thread(
             target=self._extend_response_timeout,
-            args=(snapshot, stop_extending),
+            args=(snapshot, updates, stop_extending),
             daemon=True,
             name=f"perago-extend-{snapshot.task_id}",
         )
         extender.start()
+        step = "run"
         try:
             try:
                 outcome = self._runner.run(self._tasks[snapshot.task_type], snapshot)
             except WorkerShutdown:
                 outcome = SHUTDOWN
+            except Exception as e:  # never a dead attempt without a report
+                log.exception(
+                    "attempt_crashed", workflow_id=snapshot.workflow_id, task_id=snapshot.task_id
+                )
+                metrics.REPORT_PROBLEMS.labels("runner_crashed").inc()
+                outcome = Outcome(
+                    "FAILED",
+                    reason=f"internal error in the worker: {type(e).__name__}: {e}; report it "
+                    "to the Perago maintainers (Conductor retries the task)",
+                )
             stop_extending.set()
             metrics.ATTEMPTS.labels(snapshot.task_type, outcome.status).inc()
-            self._report(snapshot, outcome)
+            step = "report"
+            self._report(snapshot, outcome, updates)
+            step = "after report"
             failpoints.hit("after_complete")
-        except Interrupt:
-            pass
+        except Interrupt as e:
+            # The drain interrupted the attempt in its report (or after it): without a report
+            # Conductor times the attempt out and retries it; the retry decides from HEAD.
+            metrics.REPORT_PROBLEMS.labels("interrupted").inc()
+            log.warning(
+                "attempt_interrupted",
+                reported=step == "after report",
+                workflow_id=snapshot.workflow_id,
+                task_id=snapshot.task_id,
+                retry_count=snapshot.retry_count,
+                step=step,
+                interrupt=type(e).__name__,
+            )
         finally:
             stop_extending.set()
             metrics.IN_FLIGHT.dec()
@@ -239,15 +270,19 @@ class Worker:
                 self._inflight.pop(snapshot.task_id, None)
                 self._lock.notify_all()
 
-    def _extend_response_timeout(self, snapshot: TaskSnapshot, stop: threading.Event) -> None:
+    def _extend_response_timeout(
+        self, snapshot: TaskSnapshot, updates: TaskUpdates, stop: threading.Event
+    ) -> None:
         """Tell the orchestrator every third of the response timeout that the attempt lives."""
         timeout = snapshot.response_timeout_seconds
         if timeout <= 0:
             return
-        interval = max(1.0, timeout / 3)
-        while not stop.wait(interval):
+        interval = self._settings.extension_interval
+        every = interval.total_seconds() if interval else max(1.0, timeout / 3)
+        while not stop.wait(every):
             try:
-                self._orchestrator.extend(snapshot, worker_id=self._settings.worker_id)
+                if not updates.extend():
+                    return
                 metrics.LEASE_EXTENSIONS.labels("ok").inc()
                 log.debug("response_timeout_extended", task_id=snapshot.task_id)
             except PeragoError as e:
@@ -256,19 +291,34 @@ class Worker:
                     "response_timeout_extension_failed", task_id=snapshot.task_id, error=e.message
                 )
 
-    def _report(self, snapshot: TaskSnapshot, outcome: Outcome) -> None:
+    def _report(self, snapshot: TaskSnapshot, outcome: Outcome, updates: TaskUpdates) -> None:
+        fields = {
+            "workflow_id": snapshot.workflow_id,
+            "task_id": snapshot.task_id,
+            "retry_count": snapshot.retry_count,
+            "status": outcome.status,
+        }
         try:
-            self._orchestrator.report(snapshot, outcome, worker_id=self._settings.worker_id)
-            log.info(
-                "attempt_reported",
-                workflow_id=snapshot.workflow_id,
-                task_id=snapshot.task_id,
-                retry_count=snapshot.retry_count,
-                status=outcome.status,
+            landed = updates.report(
+                outcome.status,
+                lambda: self._orchestrator.report(
+                    snapshot, outcome, worker_id=self._settings.worker_id
+                ),
             )
         except PeragoError as e:
-            # The orchestrator times the attempt out and retries it; the retry decides from HEAD.
-            log.error("report_failed", task_id=snapshot.task_id, error=e.message)
+            # Conductor times the attempt out and retries it; the retry decides from HEAD.
+            metrics.REPORT_PROBLEMS.labels("report_failed").inc()
+            log.error("report_failed", error=e.message, **fields)
+            return
+        except Exception as e:  # logged and counted, never silent
+            metrics.REPORT_PROBLEMS.labels("report_crashed").inc()
+            log.exception("report_failed", error=f"{type(e).__name__}: {e}", **fields)
+            return
+        if landed is Landing.LANDED:
+            log.info("attempt_reported", **fields)
+            return
+        metrics.REPORT_PROBLEMS.labels(f"report_{landed.value}").inc()
+        log.warning("report_not_shown", landing=landed.value, **fields)
 
     # -- drain ----------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from lakefs_sdk.exceptions import ApiException
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from perago.config import Settings
-from perago.errors import ConflictError, NotFoundError, StoreError
+from perago.errors import ConflictError, NotFoundError, StoreError, WorkspaceError
 from perago.store import Commit, ObjectInfo
 
 __all__ = ["LakeFSStore"]
@@ -359,14 +359,24 @@ class LakeFSStore:
         """Stream a local file to ``branch``; returns the stored checksum."""
         what = f"upload {repository}/{branch}/{path}"
         url = self._url(repository, f"branches/{quote(branch, safe='')}/objects", path)
+        try:
+            # A local file that cannot be read is no network fault: never retried.
+            size = source.stat().st_size
+            f = source.open("rb")
+        except OSError as e:
+            raise WorkspaceError(
+                f"cannot read {source} to {what} ({e.strerror or e}); the workspace changed "
+                "after the diff (a thread of the task body still writing?) or the disk failed; "
+                "the attempt fails and Conductor retries it"
+            ) from e
         headers = {
             **self._auth,
             "Content-Type": "application/octet-stream",
-            "Content-Length": str(source.stat().st_size),
+            "Content-Length": str(size),
         }
         if if_absent:
             headers["If-None-Match"] = "*"
-        with source.open("rb") as f:
+        with f:
             try:
                 resp = self._http.request("POST", url, body=f, headers=headers)
             except urllib3.exceptions.HTTPError as e:
