@@ -214,6 +214,14 @@ def janitor(
     repository: Annotated[
         list[str] | None, typer.Option("--repository", help="Only these repositories.")
     ] = None,
+    branch_pattern: Annotated[
+        str | None,
+        typer.Option(
+            "--branch-pattern",
+            help="Only staging branches matching this glob (the cluster's own, named after "
+            "PERAGO_CLUSTER_ID, are the only ones ever considered).",
+        ),
+    ] = None,
     lease_watch: Annotated[
         str | None,
         typer.Option(
@@ -241,6 +249,8 @@ def janitor(
             repositories=repositories,
             dry_run=dry_run,
             older_than=parse_duration(older_than),
+            cluster_id=settings.cluster_id,
+            branch_pattern=branch_pattern,
         )
         leases = branch_leases(settings, store)
         watch = parse_duration(lease_watch) if lease_watch is not None else takeover_watch(settings)

@@ -113,6 +113,14 @@ class Settings(BaseSettings):
         default=timedelta(seconds=60),
         description="Timeout of one HTTP request to lakeFS or Conductor.",
     )
+    cluster_id: str = Field(
+        default="",
+        pattern=r"^[a-z0-9]{0,20}$",
+        description="Names the Conductor cluster this worker serves (lower-case letters and "
+        "digits): staging branches become `perago-<id>-stg-...` and the janitor removes only "
+        "its own cluster's, so clusters sharing one lakeFS never remove each other's. Unset: "
+        "`perago-stg-...`.",
+    )
     janitor_on_start: bool = Field(
         default=True,
         description="Run one janitor pass when a worker starts (staging branches of dead "

@@ -99,6 +99,7 @@ class AttemptRunner:
             retry_count=task.retry_count,
             poll_count=task.poll_count,
             task_type=task.task_type,
+            cluster_id=self._settings.cluster_id,
         )
         log: structlog.stdlib.BoundLogger = structlog.get_logger("perago.attempt").bind(
             workflow_id=me.workflow_id,
@@ -282,7 +283,7 @@ class AttemptRunner:
             )
             checked = self._body_and_checks(defn, me, target, params, remote, log, step)
             step[0] = "publish"
-            ref = self._publisher.publish_in_place(me, target, log)
+            ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
             return self._completed(target, ref, checked)
         finally:
             self._publisher.cancel(repo, staging, log)

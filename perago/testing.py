@@ -263,6 +263,11 @@ class MemoryStore:
         with self._lock:
             return bool(self._repo(repository).staged.get(branch))
 
+    def uncommitted_outside(self, repository: str, branch: str, prefix: str) -> list[str]:
+        with self._lock:
+            staged = self._repo(repository).staged.get(branch) or {}
+            return sorted(p for p in staged if not p.startswith(prefix))
+
 
 class StaticLedger:
     """An attempt ledger whose answers the test sets (``snapshots[task_id]``)."""

@@ -146,7 +146,12 @@ class Worker:
 
         try:
             repositories = self._store.list_repositories()
-            report = sweep(self._store, self._orchestrator, repositories=repositories)
+            report = sweep(
+                self._store,
+                self._orchestrator,
+                repositories=repositories,
+                cluster_id=self._settings.cluster_id,
+            )
             log.info("janitor_pass_done", removed=len(report.removed), kept=len(report.kept))
             if self._leases is not None:
                 leases = sweep_leases(

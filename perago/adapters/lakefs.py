@@ -238,6 +238,38 @@ class LakeFSStore:
         return bool(page.results)
 
     @_retry_idempotent
+    def uncommitted_outside(self, repository: str, branch: str, prefix: str) -> list[str]:
+        # One diff page per folder on the way to the prefix, grouped by "/": at each level at
+        # most one entry (the next folder) is on the way, so a short page sees any stray path,
+        # however much was written inside the prefix.
+        levels = [""] + [
+            "/".join(prefix.split("/")[: n + 1]) + "/" for n in range(prefix.count("/"))
+        ]
+        for level in levels:
+            if level == prefix:
+                break
+            page = self._call(
+                f"diff branch {repository}/{branch}",
+                self.branches.diff_branch,
+                repository,
+                branch,
+                prefix=level or None,
+                delimiter="/",
+                amount=20,
+            )
+            outside = [
+                d.path
+                for d in page.results
+                if not (
+                    (d.path.endswith("/") and prefix.startswith(d.path))
+                    or d.path.startswith(prefix)
+                )
+            ]
+            if outside:
+                return outside
+        return []
+
+    @_retry_idempotent
     def create_tag(self, repository: str, tag: str, ref: str) -> None:
         self._call(
             f"create tag {repository}/{tag}",

@@ -8,11 +8,17 @@ and task reference.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perago.store import Commit
 
-__all__ = ["AttemptIdentity", "StagedReference", "WorkspaceTarget", "staging_branch_name"]
+__all__ = [
+    "AttemptIdentity",
+    "StagedReference",
+    "WorkspaceTarget",
+    "staging_branch_name",
+    "staging_prefix",
+]
 
 _KEY = "perago."
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -35,6 +41,8 @@ class AttemptIdentity:
     retry_count: int
     poll_count: int
     task_type: str
+    #: The Conductor cluster this worker serves (``PERAGO_CLUSTER_ID``); names staging branches.
+    cluster_id: str = field(default="", compare=False)
 
     def metadata(self, input_ref: str, **extra: str) -> dict[str, str]:
         return {
@@ -80,9 +88,16 @@ class AttemptIdentity:
         return (other.retry_count, other.poll_count) < (self.retry_count, self.poll_count)
 
 
+def staging_prefix(cluster_id: str = "") -> str:
+    """Where a cluster's staging branch names start. Cluster ids have no hyphen, so no
+    cluster's prefix starts another's, nor the unnamed cluster's ``perago-stg-``."""
+    return f"perago-{cluster_id}-stg-" if cluster_id else "perago-stg-"
+
+
 def staging_branch_name(identity: AttemptIdentity) -> str:
     """Execution-scoped and unique per delivery (a task id may be delivered twice)."""
-    return f"perago-stg-{_SAFE.sub('_', identity.task_id)}-p{identity.poll_count}"
+    task = _SAFE.sub("_", identity.task_id)
+    return f"{staging_prefix(identity.cluster_id)}{task}-p{identity.poll_count}"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import structlog
 
 from perago import failpoints, metrics
 from perago.coord.branch_leases import BranchLeases, HeldLease
-from perago.errors import ConflictError, PublishFenceError, StoreError
+from perago.errors import ConflictError, PublishFenceError, StoreError, WorkspaceError
 from perago.publish.fences import AttemptLedger, HeadDecision, check_attempt, decide_publication
 from perago.publish.identity import (
     AttemptIdentity,
@@ -79,12 +79,30 @@ class Publisher:
         return branch
 
     def publish_in_place(
-        self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        log: structlog.stdlib.BoundLogger,
+        *,
+        prefix: str = "",
     ) -> str:
-        """Commit what the body wrote on the staging branch, then the same fences and Confirm."""
+        """Commit what the body wrote on the staging branch, then the same fences and Confirm.
+
+        Only writes inside the task's ``prefix`` may be published: anything else on the staging
+        branch (another dataset, ``_lakefs_actions/``) fails the attempt, nothing published.
+        """
         try:
             self._fence(me, log, 1)
             repo, branch = target.repository, staging_branch_name(me)
+            outside = self._store.uncommitted_outside(repo, branch, prefix)
+            if outside:
+                log.warning("in_place_out_of_scope", prefix=prefix, paths=outside[:5])
+                raise WorkspaceError(
+                    f"the task wrote outside its prefix {prefix!r} on its staging branch "
+                    f"({', '.join(outside[:5])}); nothing was published. Write only under the "
+                    "workspace's output URI, or widen the task's WorkspaceSpec prefix",
+                    non_retryable=True,
+                )
             if not self._store.has_uncommitted(repo, branch):
                 return self._confirm_noop(me, target, log)
             return self._commit_and_confirm(me, target, branch, log)

@@ -314,3 +314,18 @@ def test_materialize_skips_folder_markers_and_refuses_unsafe_names(tmp_path: Pat
     with pytest.raises(UnsafePathError) as e:
         materialize(store, "r", "main", "data/", tmp_path / "ws2", parallelism=2)
     assert e.value.non_retryable
+
+
+def test_a_cluster_id_names_the_staging_branches_apart() -> None:
+    from dataclasses import replace
+
+    from perago import config
+    from perago.errors import ConfigError
+    from perago.publish import staging_branch_name
+
+    me = ident()
+    assert staging_branch_name(me) == "perago-stg-t0-p1"
+    assert staging_branch_name(replace(me, cluster_id="blue")) == "perago-blue-stg-t0-p1"
+    assert replace(me, cluster_id="blue") == me  # the same attempt, wherever it is named
+    with pytest.raises(ConfigError):  # a hyphen would let one cluster's prefix start another's
+        config.load(env={"PERAGO_CLUSTER_ID": "blue-stg"})
