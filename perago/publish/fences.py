@@ -7,22 +7,19 @@ error, never a guess.
 from __future__ import annotations
 
 import enum
+<<<<<<< HEAD
 from collections.abc import Sequence
 from typing import Protocol
+=======
+>>>>>>> main
 
-from perago.adapters.conductor import TaskSnapshot
 from perago.errors import AttemptFenceError, PublishFenceError
+from perago.orchestrator import IN_PROGRESS, AttemptLedger
 from perago.publish.identity import AttemptIdentity
 from perago.publish.scope import overlaps
 from perago.store import Commit
 
 __all__ = ["AttemptLedger", "HeadDecision", "check_attempt", "decide_publication"]
-
-
-class AttemptLedger(Protocol):
-    """Where the truth about attempts lives (Conductor)."""
-
-    def get_task(self, task_id: str) -> TaskSnapshot | None: ...
 
 
 def check_attempt(ledger: AttemptLedger, me: AttemptIdentity, *, worker_id: str) -> None:
@@ -38,7 +35,7 @@ def check_attempt(ledger: AttemptLedger, me: AttemptIdentity, *, worker_id: str)
             "and publishes nothing"
         )
     problems = []
-    if current.status != "IN_PROGRESS":
+    if current.status != IN_PROGRESS:
         problems.append(f"status is {current.status}")
     if current.workflow_id != me.workflow_id:
         problems.append(f"workflow is {current.workflow_id}")
