@@ -7,11 +7,7 @@ error, never a guess.
 from __future__ import annotations
 
 import enum
-<<<<<<< HEAD
 from collections.abc import Sequence
-from typing import Protocol
-=======
->>>>>>> main
 
 from perago.errors import AttemptFenceError, PublishFenceError
 from perago.orchestrator import IN_PROGRESS, AttemptLedger
