@@ -18,7 +18,7 @@ import structlog
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from perago import metrics
-from perago.adapters.conductor import TaskSnapshot
+from perago.orchestrator import TaskSnapshot
 
 __all__ = ["Landing", "TaskUpdates", "landing"]
 
@@ -41,7 +41,7 @@ def landing(reported: str, now: TaskSnapshot | None, delivery: TaskSnapshot) -> 
         return Landing.GONE
     if now.status == reported:
         return Landing.LANDED
-    if now.status not in ("IN_PROGRESS", "SCHEDULED") or now.poll_count != delivery.poll_count:
+    if now.terminal or now.poll_count != delivery.poll_count:
         return Landing.SUPERSEDED
     return Landing.RESEND
 

@@ -6,17 +6,16 @@ the failure matrix of PROTOCOL.md.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perago import failpoints, metrics
-from perago.adapters.conductor import TaskSnapshot
 from perago.config import Settings
 from perago.context import AttemptInfo, _current
 from perago.coord.branch_leases import BranchLeases
@@ -32,14 +31,17 @@ from perago.errors import (
     TaskError,
     WorkerShutdown,
 )
-from perago.publish import AttemptIdentity, AttemptLedger, Publisher, WorkspaceTarget
+from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
+from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.publish.joins import check_contains
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.workspace import AttemptDirectory, ContentCache, compute_diff, materialize
 
-__all__ = ["AttemptRunner", "Outcome", "WorkspaceInput"]
+__all__ = ["SHUTDOWN", "AttemptRunner", "Outcome", "WorkspaceInput"]
 
-Status = Literal["COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR"]
+#: What an attempt interrupted by the worker's drain reports (Conductor retries it).
+SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
 
 
 class WorkspaceInput(BaseModel):
@@ -49,13 +51,8 @@ class WorkspaceInput(BaseModel):
     repository: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]{2,62}$")
     branch: str = Field(min_length=1, max_length=256, pattern=r"^\w[-\w]*$")
     ref: str | None = Field(default=None, min_length=1, max_length=256)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: Status
-    output: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""
+    #: Join refs: start from the branch head, which must contain each of these commits.
+    after: list[str] | None = Field(default=None, max_length=1000)
 
 
 def _validation_summary(e: ValidationError) -> str:
@@ -125,6 +122,8 @@ class AttemptRunner:
         started = time.monotonic()
         try:
             target, params = self._pre_guardrails(defn, task.input, me)
+            # the scope is recorded in every commit of this attempt (perago.publish.scope)
+            me = dataclasses.replace(me, scope=defn.workspace.render(params))
         except GuardrailError as e:
             log.warning("pre_guardrails_failed", reason=e.message)
             return _failure(e, where="pre-guardrail")
@@ -132,7 +131,10 @@ class AttemptRunner:
             log.warning("pre_guardrails_unavailable", reason=e.message)
             return _failure(e, where="pre-guardrail (store unavailable)")
         log = log.bind(
-            repository=target.repository, branch=target.branch, input_ref=target.input_ref
+            repository=target.repository,
+            branch=target.branch,
+            input_ref=target.input_ref,
+            scope=me.scope,
         )
         log.info("pre_guardrails_passed", read_only=defn.workspace.read_only)
         outcome = self._run_checked(defn, me, target, params, log)
@@ -176,8 +178,15 @@ class AttemptRunner:
                 f"branch {ws.branch!r} does not exist in {ws.repository!r}; create it or fix the "
                 "workflow input"
             ) from e
+        if ws.after is not None and ws.ref is not None:
+            raise GuardrailError(
+                'workspace input has both "ref" and "after": a join starts from the branch '
+                'head and checks it contains the "after" refs; drop "ref"'
+            )
         if ws.ref is None:
             input_ref = self._pin_unpinned_ref(ws.repository, head, me)
+            if ws.after:
+                check_contains(self._store, ws.repository, ws.branch, input_ref, ws.after)
         else:
             try:
                 input_ref = self._store.get_commit(ws.repository, ws.ref).id
@@ -214,7 +223,7 @@ class AttemptRunner:
             return self._run_local(defn, me, target, params, log, step)
         except WorkerShutdown:
             log.warning("attempt_interrupted", step=step[0])
-            return Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+            return SHUTDOWN
         except LeaseLostError as e:
             log.warning("lease_lost", step=step[0], reason=str(e))
             return Outcome(
@@ -244,12 +253,13 @@ class AttemptRunner:
     ) -> Outcome:
         """Local projection: download the prefix, run, diff, stage, publish."""
         step[0] = "materialize"
+        prefix = me.scope or defn.workspace.prefix
         with AttemptDirectory(self._settings.work_dir, me.task_id) as attempt_dir:
             manifest = materialize(
                 self._store,
                 target.repository,
                 target.input_ref,
-                defn.workspace.prefix,
+                prefix,
                 attempt_dir.workspace,
                 parallelism=self._settings.transfer_parallelism,
                 cache=self.cache,
@@ -269,9 +279,7 @@ class AttemptRunner:
             diff = compute_diff(manifest, attempt_dir.workspace)
             log.info("diffed", **diff.summary())
             step[0] = "publish"
-            ref = self._publisher.publish(
-                me, target, defn.workspace.prefix, attempt_dir.workspace, diff, log
-            )
+            ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff, log)
             return self._completed(target, ref, checked)
 
     def _run_in_place(
@@ -286,7 +294,7 @@ class AttemptRunner:
         """In place: the body reads the input ref and writes the staging branch over S3."""
         step[0] = "stage"
         staging = self._publisher.open_in_place(me, target, log)
-        repo, prefix = target.repository, defn.workspace.prefix
+        repo, prefix = target.repository, me.scope or defn.workspace.prefix
         try:
             remote = RemoteWorkspace(
                 input_uri=f"s3a://{repo}/{target.input_ref}/{prefix}",

@@ -24,13 +24,17 @@ from perago.publish.identity import (
     WorkspaceTarget,
     staging_branch_name,
 )
-from perago.store import VersionStore
+from perago.publish.scope import scope_markers
+from perago.store import Commit, VersionStore
 from perago.workspace import ContentCache, Diff, upload_all
 
-__all__ = ["PUBLICATION_MARKER", "Publisher"]
+__all__ = ["HISTORY_LIMIT", "Publisher"]
 
-#: Rewritten by every publication; outside every task prefix (see perago.task.RESERVED_PREFIXES).
-PUBLICATION_MARKER = "_perago/publication.json"
+#: How far back the publish fence follows a head's first-parent chain to the input ref: a
+#: fan-out whose siblings published more often than this since its input ref fails closed.
+HISTORY_LIMIT = 500
+#: Merges tried when the expected-head hook refuses because fan-out siblings moved the head.
+MERGE_TRIES = 4
 
 
 class Publisher:
@@ -193,12 +197,14 @@ class Publisher:
         """Commit the staging branch: the commit that a replacement publication installs."""
         repo = target.repository
         token = {} if lease is None else {"fencing_token": str(lease.token)}
-        # The marker makes two publications from one input ref conflict in lakeFS's atomic
-        # 3-way merge, so the store itself rejects the second (docs/protocol.md).
-        marker = json.dumps(
+        # The scope markers make two overlapping publications from one input ref conflict in
+        # lakeFS's atomic 3-way merge, so the store itself rejects the second, while disjoint
+        # ones merge cleanly (perago.publish.scope, docs/protocol.md).
+        claim = json.dumps(
             {**me.metadata(target.input_ref), "perago.kind": "publication-marker"}, sort_keys=True
         ).encode()
-        self._store.upload_bytes(repo, branch, PUBLICATION_MARKER, marker)
+        for path, data in scope_markers(target.input_ref, me.scope or "", claim).items():
+            self._store.upload_bytes(repo, branch, path, data)
         commit = self._store.commit(
             repo,
             branch,
@@ -224,12 +230,12 @@ class Publisher:
         log: structlog.stdlib.BoundLogger,
     ) -> str:
         repo = target.repository
-        head = self._store.get_commit(repo, target.branch)  # a branch name reads its head
-        decision = decide_publication(head, target.input_ref, me)
+        head, history = self._read_head(target)
+        decision = decide_publication(head, target.input_ref, me, history)
         log.info("publish_fence_passed", decision=decision.value, head=head.id)
         failpoints.hit("after_publish_fence")
         if decision is HeadDecision.LANDED:
-            return head.id
+            return self._own_commit(head, history, me)
         if decision is HeadDecision.REPLACE:
             self._reset(me, target, head.id, staged.staging_commit, lease, log)
             now = self._store.branch_head(repo, target.branch)
@@ -241,6 +247,40 @@ class Publisher:
                 )
             log.info("published", mode="replace", ref=now, replaced=head.id)
             return now
+        for attempt in range(1, MERGE_TRIES + 1):
+            try:
+                return self._merge(me, target, staged, lease, head, log)
+            except ConflictError as e:
+                moved = e.status == 412 and "perago: destination head" in e.message
+                error = PublishFenceError(
+                    f"lakeFS rejected the merge into {target.branch} ({e.message}): another "
+                    "publication from the same input ref landed first, or the head moved after "
+                    "the fence (expected-head hook). Nothing of this attempt was published"
+                )
+                if not moved or attempt == MERGE_TRIES:
+                    raise error from e
+                # The hook refused because the head moved: a fan-out sibling may have landed.
+                head, history = self._read_head(target)
+                try:
+                    decision = decide_publication(head, target.input_ref, me, history)
+                except PublishFenceError as fence:
+                    raise PublishFenceError(f"{error.message}; then: {fence.message}") from e
+                if decision is not HeadDecision.BESIDE:
+                    raise error from e
+                log.info("publish_fence_passed", decision=decision.value, head=head.id, again=True)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _merge(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        staged: StagedReference,
+        lease: HeldLease | None,
+        head: Commit,
+        log: structlog.stdlib.BoundLogger,
+    ) -> str:
+        """Confirm by merge (first or beside-siblings publication), guarded by the lease."""
+        repo = target.repository
         metadata = me.metadata(
             target.input_ref,
             kind="publication",
@@ -267,32 +307,59 @@ class Publisher:
                 # so a holder paused past its lease never merges (docs/model-check.md).
                 lease.refresh()
                 merged = lease.guarded(merge)
-        except ConflictError as e:
-            raise PublishFenceError(
-                f"lakeFS rejected the merge into {target.branch} ({e.message}): another "
-                "publication from the same input ref landed first, or the head moved after the "
-                "fence (expected-head hook). Nothing of this attempt was published"
-            ) from e
+        except ConflictError:
+            raise
         except StoreError as e:
             landed = self.find_own_publication(repo, target.branch, me)
             if landed is None:
                 raise
             log.warning("merge_answer_lost_but_landed", ref=landed, error=str(e))
             merged = landed
-        self._check_first_parent(repo, target.branch, merged, head.id)
+        self._check_first_parent(repo, target.branch, merged, head.id, me)
         log.info("published", mode="merge", ref=merged)
         return merged
 
-    def _check_first_parent(self, repo: str, branch: str, merged: str, seen_head: str) -> None:
-        """Post-publish check: the merge must sit right on the head the fence saw."""
+    def _read_head(self, target: WorkspaceTarget) -> tuple[Commit, list[Commit]]:
+        """The target head and, when it moved past the input ref, its first-parent chain."""
+        repo = target.repository
+        head = self._store.get_commit(repo, target.branch)  # a branch name reads its head
+        if head.id == target.input_ref or head.parents[:1] == (target.input_ref,):
+            return head, [head]
+        return head, self._store.log(repo, head.id, amount=HISTORY_LIMIT)
+
+    @staticmethod
+    def _own_commit(head: Commit, history: list[Commit], me: AttemptIdentity) -> str:
+        for commit in [head, *history]:
+            owner = AttemptIdentity.from_commit(commit)
+            if owner is not None and owner.same_attempt(me):
+                return commit.id
+        raise PublishFenceError(  # decide_publication said LANDED: cannot happen
+            f"publish fence: this attempt's publication vanished from {head.id[:12]}'s history"
+        )
+
+    def _check_first_parent(
+        self, repo: str, branch: str, merged: str, seen_head: str, me: AttemptIdentity
+    ) -> None:
+        """Post-publish check: the merge must sit on the head the fence saw, or on disjoint
+        Perago publications that landed on it since (a racing fan-out sibling)."""
         parents = self._store.get_commit(repo, merged).parents[:1]
-        if parents != (seen_head,):
-            raise PublishFenceError(
-                f"post-publish check: merge commit {merged} has first parent {parents}, but "
-                f"the fence saw head {seen_head}: a foreign writer moved {branch} between "
-                "fence and merge. The publication landed on top of it; inspect the branch "
-                "history before retrying"
-            )
+        if parents == (seen_head,):
+            return
+        problem = "it is not a descendant"
+        if parents:
+            under = self._store.get_commit(repo, parents[0])
+            history = self._store.log(repo, under.id, amount=HISTORY_LIMIT)
+            try:
+                if decide_publication(under, seen_head, me, history) is HeadDecision.BESIDE:
+                    return
+            except PublishFenceError as e:
+                problem = e.message
+        raise PublishFenceError(
+            f"post-publish check: merge commit {merged} has first parent {parents}, but "
+            f"the fence saw head {seen_head}: a foreign writer moved {branch} between "
+            "fence and merge. The publication landed on top of it; inspect the branch "
+            f"history before retrying ({problem})"
+        )
 
     def _confirm_noop(
         self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
@@ -310,9 +377,16 @@ class Publisher:
         if self._leases is None:
             return self._noop_decision(me, target, None, log)
         if not self._leases.held(repo, branch):
-            head = self._store.branch_head(repo, branch)
-            if head == target.input_ref:
+            head, history = self._read_head(target)
+            if head.id == target.input_ref:
                 log.info("noop_completed", ref=target.input_ref)
+                return target.input_ref
+            try:
+                beside = decide_publication(head, target.input_ref, me, history)
+            except PublishFenceError:
+                beside = None  # decided again under the lease, which fails it closed
+            if beside is HeadDecision.BESIDE:
+                log.info("noop_completed", ref=target.input_ref, head=head.id)
                 return target.input_ref
         with self._branch_lease(me, target, log) as lease:
             self._fence(me, log, 2)
@@ -325,11 +399,11 @@ class Publisher:
         lease: HeldLease | None,
         log: structlog.stdlib.BoundLogger,
     ) -> str:
-        repo = target.repository
-        head = self._store.get_commit(repo, target.branch)  # a branch name reads its head
-        decision = decide_publication(head, target.input_ref, me)
-        if decision is HeadDecision.FIRST:
-            log.info("noop_completed", ref=target.input_ref)
+        head, history = self._read_head(target)
+        decision = decide_publication(head, target.input_ref, me, history)
+        if decision in (HeadDecision.FIRST, HeadDecision.BESIDE):
+            # BESIDE: only disjoint siblings published since the input ref; nothing to move
+            log.info("noop_completed", ref=target.input_ref, head=head.id)
             return target.input_ref
         if decision is HeadDecision.LANDED:
             raise PublishFenceError(
