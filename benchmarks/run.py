@@ -2,7 +2,7 @@
 
     python -m benchmarks.run            # full sizes, 3 repetitions: about 5 minutes on 2 cores
     python -m benchmarks.run --quick    # every size divided by 10, a smoke run
-    python -m benchmarks.run --only lease   # one scenario: a, b, c, d, lease (f) or g
+    python -m benchmarks.run --only lease   # one scenario: a, b, c, d, lease (f), h or i
 
 The stack comes from the environment when ``CONDUCTOR_SERVER_URL``,
 ``LAKECTL_SERVER_ENDPOINT_URL``, ``LAKECTL_CREDENTIALS_*`` and ``PERAGO_BENCH_LAKECTL`` are
@@ -62,7 +62,7 @@ class Scale:
     one_change: TreeSpec  # (c)
     workflows: int  # (d)
     lease_runs: int  # (f), per side and path
-    cached: TreeSpec  # (g)
+    cached: TreeSpec  # (i)
     task_reads: TreeSpec  # (h)
     task_writes: TreeSpec  # (h)
 
@@ -335,18 +335,18 @@ class Bench:
         shutil.rmtree(work)
         return [publish, copy]
 
-    # -- (g): the worker-local content cache ---------------------------------------------------
+    # -- (i): the worker-local content cache ---------------------------------------------------
 
     def cached(self, spec: TreeSpec, seed: int) -> list[Row]:
         """One Perago process publishes, reads that back, reads it again; lakectl clones it."""
-        repo = self.new_repo("g")
-        work = self.tmp / "g"
+        repo = self.new_repo("i")
+        work = self.tmp / "i"
         src = work / "src"
         write_tree(src, spec, seed=seed)
         chained = Row(
-            f"(g) read what this worker just published, {spec.describe()}", spec.total_bytes
+            f"(i) read what this worker just published, {spec.describe()}", spec.total_bytes
         )
-        reread = Row(f"(g) read the same ref again, {spec.describe()}", spec.total_bytes)
+        reread = Row(f"(i) read the same ref again, {spec.describe()}", spec.total_bytes)
         for rep in range(self.repeats):
             p_branch, _ = self.branches(repo, rep)
             out = work / f"perago-{rep}"
@@ -415,8 +415,8 @@ def roundtrip_table(rt: dict[str, Any]) -> str:
 
 
 #: Scenario names for ``--only``: (a)-(c) data, (d) Conductor round trip, (f) branch lease,
-#: (g) the content cache, (h) task durations through Conductor.
-SCENARIOS = ("a", "b", "c", "d", "lease", "g", "h")
+#: (h) task durations through Conductor, (i) the content cache.
+SCENARIOS = ("a", "b", "c", "d", "lease", "h", "i")
 
 
 def _merge_results(output: Path, partial_run: dict[str, Any], only: list[str]) -> dict[str, Any]:
@@ -424,7 +424,7 @@ def _merge_results(output: Path, partial_run: dict[str, Any], only: list[str]) -
     if not output.exists():
         return partial_run
     merged: dict[str, Any] = json.loads(output.read_text())
-    ran = tuple(f"({key}) " for key in only if key in ("a", "b", "c", "g"))
+    ran = tuple(f"({key}) " for key in only if key in ("a", "b", "c", "i"))
     merged["rows"] = [
         r for r in merged.get("rows", []) if not r["scenario"].startswith(ran)
     ] + partial_run["rows"]
@@ -494,8 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         if "c" in only:
             print(f"(c) {scale.one_change.describe()}, {repeats} repetition(s) ...", flush=True)
             rows += bench.one_change(scale.one_change, 3)
-        if "g" in only:
-            print(f"(g) {scale.cached.describe()}, {repeats} repetition(s) ...", flush=True)
+        if "i" in only:
+            print(f"(i) {scale.cached.describe()}, {repeats} repetition(s) ...", flush=True)
             rows += bench.cached(scale.cached, 4)
         if "h" in only:
             print(f"(h) task durations through Conductor, {repeats} repetition(s) ...", flush=True)
