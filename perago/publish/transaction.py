@@ -16,7 +16,13 @@ import structlog
 
 from perago import failpoints, metrics
 from perago.coord.branch_leases import BranchLeases, HeldLease
-from perago.errors import ConflictError, PublishFenceError, StoreError, WorkspaceError
+from perago.errors import (
+    ConflictError,
+    CoordStoreError,
+    PublishFenceError,
+    StoreError,
+    WorkspaceError,
+)
 from perago.publish.fences import AttemptLedger, HeadDecision, check_attempt, decide_publication
 from perago.publish.identity import (
     AttemptIdentity,
@@ -94,24 +100,23 @@ class Publisher:
 
         Only writes inside the task's ``prefix`` may be published: anything else on the staging
         branch (another dataset, ``_lakefs_actions/``) fails the attempt, nothing published.
+        The caller cancels the staging branch it opened (:meth:`open_in_place`), once,
+        whatever happens.
         """
-        try:
-            self._fence(me, log, 1)
-            repo, branch = target.repository, staging_branch_name(me)
-            outside = self._store.uncommitted_outside(repo, branch, prefix)
-            if outside:
-                log.warning("in_place_out_of_scope", prefix=prefix, paths=outside[:5])
-                raise WorkspaceError(
-                    f"the task wrote outside its prefix {prefix!r} on its staging branch "
-                    f"({', '.join(outside[:5])}); nothing was published. Write only under the "
-                    "workspace's output URI, or widen the task's WorkspaceSpec prefix",
-                    non_retryable=True,
-                )
-            if not self._store.has_uncommitted(repo, branch):
-                return self._confirm_noop(me, target, log)
-            return self._commit_and_confirm(me, target, branch, log)
-        finally:
-            self.cancel(target.repository, staging_branch_name(me), log)
+        self._fence(me, log, 1)
+        repo, branch = target.repository, staging_branch_name(me)
+        outside = self._store.uncommitted_outside(repo, branch, prefix)
+        if outside:
+            log.warning("in_place_out_of_scope", prefix=prefix, paths=outside[:5])
+            raise WorkspaceError(
+                f"the task wrote outside its prefix {prefix!r} on its staging branch "
+                f"({', '.join(outside[:5])}); nothing was published. Write only under the "
+                "workspace's output URI, or widen the task's WorkspaceSpec prefix",
+                non_retryable=True,
+            )
+        if not self._store.has_uncommitted(repo, branch):
+            return self._confirm_noop(me, target, log)
+        return self._commit_and_confirm(me, target, branch, log)
 
     def _fence(self, me: AttemptIdentity, log: structlog.stdlib.BoundLogger, n: int) -> None:
         check_attempt(self._ledger, me, worker_id=self._worker_id)
@@ -305,7 +310,8 @@ class Publisher:
                 merged = lease.guarded(merge)
         except ConflictError:
             raise
-        except StoreError as e:
+        except (StoreError, CoordStoreError) as e:
+            # No answer from lakeFS, or from the lease store re-checked after the merge.
             landed = self.find_own_publication(repo, target.branch, me)
             if landed is None:
                 raise
