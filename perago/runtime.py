@@ -301,11 +301,13 @@ class AttemptRunner:
                 prefix=prefix,
             )
             checked = self._body_and_checks(defn, me, target, params, remote, log, step)
-            step[0] = "publish"
-            ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
-            return self._completed(target, ref, checked)
-        finally:
+        except BaseException:
             self._publisher.cancel(repo, staging, log)
+            raise
+        step[0] = "publish"
+        # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
+        ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
+        return self._completed(target, ref, checked)
 
     def _body_and_checks(
         self,

@@ -100,23 +100,26 @@ class Publisher:
 
         Only writes inside the task's ``prefix`` may be published: anything else on the staging
         branch (another dataset, ``_lakefs_actions/``) fails the attempt, nothing published.
-        The caller cancels the staging branch it opened (:meth:`open_in_place`), once,
-        whatever happens.
+        The staging branch is cancelled here, whatever happens (the caller cancels it itself
+        only when the body fails before this is called).
         """
-        self._fence(me, log, 1)
-        repo, branch = target.repository, staging_branch_name(me)
-        outside = self._store.uncommitted_outside(repo, branch, prefix)
-        if outside:
-            log.warning("in_place_out_of_scope", prefix=prefix, paths=outside[:5])
-            raise WorkspaceError(
-                f"the task wrote outside its prefix {prefix!r} on its staging branch "
-                f"({', '.join(outside[:5])}); nothing was published. Write only under the "
-                "workspace's output URI, or widen the task's WorkspaceSpec prefix",
-                non_retryable=True,
-            )
-        if not self._store.has_uncommitted(repo, branch):
-            return self._confirm_noop(me, target, log)
-        return self._commit_and_confirm(me, target, branch, log)
+        try:
+            self._fence(me, log, 1)
+            repo, branch = target.repository, staging_branch_name(me)
+            outside = self._store.uncommitted_outside(repo, branch, prefix)
+            if outside:
+                log.warning("in_place_out_of_scope", prefix=prefix, paths=outside[:5])
+                raise WorkspaceError(
+                    f"the task wrote outside its prefix {prefix!r} on its staging branch "
+                    f"({', '.join(outside[:5])}); nothing was published. Write only under the "
+                    "workspace's output URI, or widen the task's WorkspaceSpec prefix",
+                    non_retryable=True,
+                )
+            if not self._store.has_uncommitted(repo, branch):
+                return self._confirm_noop(me, target, log)
+            return self._commit_and_confirm(me, target, branch, log)
+        finally:
+            self.cancel(target.repository, staging_branch_name(me), log)
 
     def _fence(self, me: AttemptIdentity, log: structlog.stdlib.BoundLogger, n: int) -> None:
         check_attempt(self._ledger, me, worker_id=self._worker_id)
