@@ -214,6 +214,27 @@ class MemoryStore:
             repo.branches[destination] = commit.id
             return commit.id
 
+    def revert(self, repository: str, branch: str, commit: str, *, parent_number: int) -> str:
+        with self._lock:
+            repo = self._repo(repository)
+            undone = repo.commits[commit][0]
+            parent = undone.parents[max(parent_number, 1) - 1]
+            before, after = repo.commits[parent][1], repo.commits[commit][1]
+            head = repo.branches[branch]
+            tree = dict(repo.commits[head][1])
+            for path in set(before) | set(after):
+                if before.get(path) == after.get(path) or tree.get(path) == before.get(path):
+                    continue
+                if tree.get(path) != after.get(path):
+                    raise ConflictError(f"revert conflict on {path}", status=409)
+                if before.get(path) is None:
+                    tree.pop(path, None)
+                else:
+                    tree[path] = before[path]
+            new = self._new_commit(repo, (head,), tree, f"Revert {commit}", {})
+            repo.branches[branch] = new.id
+            return new.id
+
     def hard_reset(
         self, repository: str, branch: str, ref: str, *, timeout: float | None = None
     ) -> None:

@@ -318,6 +318,21 @@ class LakeFSStore:
         )
         return str(result.reference)
 
+    def revert(self, repository: str, branch: str, commit: str, *, parent_number: int) -> str:
+        """Commit the undoing of ``commit`` on ``branch``; returns the new head.
+
+        lakeFS answers 204 without the commit, so the head is read afterwards: only for
+        branches no one else writes (a publisher's private staging branch).
+        """
+        self._call(
+            f"revert {commit} on {repository}/{branch}",
+            self.branches.revert_branch,
+            repository,
+            branch,
+            lakefs_sdk.RevertCreation(ref=commit, parent_number=parent_number),
+        )
+        return self.branch_head(repository, branch)
+
     def hard_reset(
         self, repository: str, branch: str, ref: str, *, timeout: float | None = None
     ) -> None:

@@ -15,7 +15,13 @@ from perago.publish.identity import AttemptIdentity
 from perago.publish.scope import overlaps
 from perago.store import Commit
 
-__all__ = ["AttemptLedger", "HeadDecision", "check_attempt", "decide_publication"]
+__all__ = [
+    "AttemptLedger",
+    "HeadDecision",
+    "check_attempt",
+    "decide_publication",
+    "earlier_publications",
+]
 
 
 def check_attempt(ledger: AttemptLedger, me: AttemptIdentity, *, worker_id: str) -> None:
@@ -54,6 +60,9 @@ class HeadDecision(enum.Enum):
     REPLACE = "replacement_publication"  # head is an abandoned publication of this step
     LANDED = "already_landed"  # this very attempt's publication is on the branch (answer lost)
     BESIDE = "disjoint_publication"  # only disjoint-scope publications since the input ref: merge
+    #: an earlier attempt of this step published, disjoint siblings merged on top: revert it
+    #: and merge this attempt's change, as one publication (never a reset over a sibling)
+    SCOPED_REPLACE = "scoped_replacement"
 
 
 def _who(owner: AttemptIdentity | None, commit: Commit) -> str:
@@ -97,16 +106,25 @@ def decide_publication(
             f"{head.id[:12]}, which is neither the input ref nor an abandoned publication of "
             "this step; nothing was published. Re-run the workflow from the new head"
         )
+    earlier = False
     for commit in chain:
         if commit.id == input_ref:
-            return HeadDecision.BESIDE
+            return HeadDecision.SCOPED_REPLACE if earlier else HeadDecision.BESIDE
         owner = AttemptIdentity.from_commit(commit)
         if owner is not None and owner.same_attempt(me):
             return HeadDecision.LANDED
+        if (
+            owner is not None
+            and me.is_earlier_attempt_of_same_step(owner)
+            and commit.metadata.get("perago.kind") == "publication"
+            and len(commit.parents) == 2
+        ):
+            earlier = True
+            continue
         if owner is None or overlaps(owner.scope, me.scope) or owner.same_step(me):
             return _refuse(head, input_ref, me, commit, owner)
     if len(chain) == 1:  # the head sits right on the input ref
-        return HeadDecision.BESIDE
+        return HeadDecision.SCOPED_REPLACE if earlier else HeadDecision.BESIDE
     raise PublishFenceError(
         f"publish fence: the input ref {input_ref[:12]} is not on the first-parent history of "
         f"the target head {head.id[:12]} within {len(chain)} commits: the branch was reset or "
@@ -123,8 +141,8 @@ def _refuse(
 ) -> HeadDecision:
     if owner is not None and owner.same_step(me):
         why = (
-            "an earlier attempt of this step, with other publications on top of it (a retry "
-            "inside a fan-out: nothing is reset over a sibling's publication)"
+            "a later attempt of this step, or an earlier one that was not published by a "
+            "merge (only merged publications are reverted under sibling publications)"
         )
     elif owner is not None:
         why = f"overlapping this step's scope {me.scope!r}, not by an earlier attempt of this step"
@@ -140,3 +158,18 @@ def _refuse(
         f"written by {_who(owner, commit)}, {why}; refusing to replace it or publish beside "
         "it. Check who writes this branch (overlapping scopes need one writer at a time)"
     )
+
+
+def earlier_publications(
+    history: Sequence[Commit], input_ref: str, me: AttemptIdentity
+) -> list[Commit]:
+    """The merged publications of earlier attempts of this step since the input ref, newest
+    first: what a scoped replacement reverts."""
+    found = []
+    for commit in history:
+        if commit.id == input_ref:
+            break
+        owner = AttemptIdentity.from_commit(commit)
+        if owner is not None and me.is_earlier_attempt_of_same_step(owner):
+            found.append(commit)
+    return found

@@ -23,7 +23,13 @@ from perago.errors import (
     StoreError,
     WorkspaceError,
 )
-from perago.publish.fences import AttemptLedger, HeadDecision, check_attempt, decide_publication
+from perago.publish.fences import (
+    AttemptLedger,
+    HeadDecision,
+    check_attempt,
+    decide_publication,
+    earlier_publications,
+)
 from perago.publish.identity import (
     AttemptIdentity,
     StagedReference,
@@ -251,6 +257,8 @@ class Publisher:
                 )
             log.info("published", mode="replace", ref=now, replaced=head.id)
             return now
+        if decision is HeadDecision.SCOPED_REPLACE:
+            return self._scoped_replace(me, target, staged, lease, head, history, log)
         for attempt in range(1, MERGE_TRIES + 1):
             try:
                 return self._merge(me, target, staged, lease, head, log)
@@ -282,6 +290,7 @@ class Publisher:
         lease: HeldLease | None,
         head: Commit,
         log: structlog.stdlib.BoundLogger,
+        **extra: str,
     ) -> str:
         """Confirm by merge (first or beside-siblings publication), guarded by the lease."""
         repo = target.repository
@@ -291,6 +300,7 @@ class Publisher:
             staged_commit=staged.staging_commit,
             expected_head=head.id,
             **({} if lease is None else {"fencing_token": str(lease.token)}),
+            **extra,
         )
 
         def merge(timeout: float | None) -> str:
@@ -323,6 +333,68 @@ class Publisher:
         self._check_first_parent(repo, target.branch, merged, head.id, me)
         log.info("published", mode="merge", ref=merged)
         return merged
+
+    def _scoped_replace(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        staged: StagedReference | None,
+        lease: HeldLease | None,
+        head: Commit,
+        history: list[Commit],
+        log: structlog.stdlib.BoundLogger,
+    ) -> str:
+        """A retry inside a fan-out: an earlier attempt of this step published, and disjoint
+        siblings merged on top of it. Never a hard reset over them: on a private branch from
+        the head, revert the earlier publication(s), merge this attempt's staged commit (the
+        scope becomes this attempt's tree; ``staged`` is ``None`` for a no-op), and publish
+        that as one merge on the head. The earlier publication stays in history (reachable),
+        and exactly one publication of the step is in effect: the one naming it in
+        ``perago.replaces``.
+        """
+        repo = target.repository
+        undo = earlier_publications(history, target.input_ref, me)
+        base = staging_branch_name(me)
+        cut = base.rindex("-p")
+        scoped = f"{base[:cut]}-scoped{base[cut:]}"
+        self._store.delete_branch(repo, scoped)  # a leftover of an earlier try of ours
+        self._store.create_branch(repo, scoped, head.id)
+        try:
+            try:
+                for commit in undo:
+                    self._store.revert(repo, scoped, commit.id, parent_number=1)
+                if staged is not None:
+                    self._store.merge(
+                        repo,
+                        staged.staging_branch,
+                        scoped,
+                        message=f"perago: scoped replacement by {me.task_id} (retry "
+                        f"{me.retry_count})",
+                        metadata={"perago.kind": "scoped-staged"},
+                    )
+            except ConflictError as e:
+                raise PublishFenceError(
+                    f"scoped replacement: reverting the earlier publication(s) "
+                    f"{[c.id[:12] for c in undo]} of step {me.reference_name!r} under the "
+                    f"head {head.id[:12]} conflicts ({e.message}); nothing was published. "
+                    "Inspect the branch history"
+                ) from e
+            log.info("scoped_replacement_staged", replaces=[c.id for c in undo], branch=scoped)
+            source = StagedReference(
+                repo, scoped, staged.staging_commit if staged is not None else "none"
+            )
+            try:
+                return self._merge(
+                    me, target, source, lease, head, log, replaces=",".join(c.id for c in undo)
+                )
+            except ConflictError as e:
+                raise PublishFenceError(
+                    f"lakeFS rejected the scoped replacement into {target.branch} "
+                    f"({e.message}): the head moved after the fence. Nothing of this attempt "
+                    "was published"
+                ) from e
+        finally:
+            self.cancel(repo, scoped, log)
 
     def _read_head(self, target: WorkspaceTarget) -> tuple[Commit, list[Commit]]:
         """The target head and, when it moved past the input ref, its first-parent chain."""
@@ -410,6 +482,8 @@ class Publisher:
             # BESIDE: only disjoint siblings published since the input ref; nothing to move
             log.info("noop_completed", ref=target.input_ref, head=head.id)
             return target.input_ref
+        if decision is HeadDecision.SCOPED_REPLACE:
+            return self._scoped_replace(me, target, None, lease, head, history, log)
         if decision is HeadDecision.LANDED:
             raise PublishFenceError(
                 f"no-op attempt found its own publication {head.id} on {target.branch}; "

@@ -249,3 +249,48 @@ def test_do_while_and_switch_still_publish_serially(
     assert text(store, repo, "parts/p=switch/rows.csv").startswith("switch,0")
     # each iteration rewrote the same partition with the same rows: the second is a no-op
     assert_clean(store, repo, env, {"iter__1", "chosen"})
+
+
+def test_a_writer_killed_after_publishing_inside_a_fork_is_replaced_in_its_scope(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """The first writer dies right after its merge; the sibling publishes on top; the first
+    writer's retry reverts its earlier publication and merges again (scoped replacement)."""
+    name = f"pt_wf_forkkill_{unique}"
+    branches = [[part_task(unique, "left", "a")], [part_task(unique, "right", "b")]]
+    put_workflow(conductor, name, fork("split", branches))
+    input_ref = store.branch_head(repo, "main")
+    wid = start(conductor, name, repo, ref=input_ref)
+    with worker({**env, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "k.log") as w:
+        w.wait_killed(conductor, wid)
+    first = publications(store, repo)[0]
+    killed = first.metadata["perago.task_ref"]
+    with worker(env, tmp_path / "w.log") as w:
+        wf = wait_workflow(conductor, wid, timeout=120, nudge=True)
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    assert [t["status"] for t in attempts(wf, killed)] == ["TIMED_OUT", "COMPLETED"]
+    assert w.wait_for("publish_fence_passed", decision="scoped_replacement")
+    head = store.get_commit(repo, store.branch_head(repo, "main"))
+    assert head.metadata["perago.replaces"] == first.id
+    assert head.id == attempts(wf, killed)[-1]["outputData"]["workspace"]["ref"]
+    assert text(store, repo, "parts/p=a/rows.csv").startswith("a,0")
+    assert text(store, repo, "parts/p=b/rows.csv").startswith("b,0")
+    # the killed attempt's publication stays reachable; in effect: one per step
+    history = [c.id for c in store.log(repo, "main", amount=20)]
+    assert first.id in history
+    pubs = publications(store, repo)
+    replaced = {c.metadata.get("perago.replaces") for c in pubs} - {None}
+    assert sorted(c.metadata["perago.task_ref"] for c in pubs if c.id not in replaced) == [
+        "left",
+        "right",
+    ]
+    leases = LeaseManager(LakeFSObjectsStore(store, repo), ttl=timedelta(seconds=4))
+    assert not [r for r in leases.records() if r.held]
+    done = perago_cli(["janitor", "--repository", repo], env)
+    assert done.returncode == 0, done.stderr
+    assert staging_branches(store, repo) == []

@@ -119,9 +119,9 @@ def test_the_fence_publishes_beside_disjoint_publications() -> None:
         ((LEFT, RIGHT), WIDE, "step 'right' (scope 'a/r/')"),
         ((None, LEFT), RIGHT, "not Perago"),
         ((LEFT, ident("legacy", None)), RIGHT, "step 'legacy'"),
-        ((ident("left", "a/l/", retry=0), RIGHT), ident("left", "a/l/", retry=1), "retry inside"),
+        ((ident("left", "a/l/", retry=2), RIGHT), ident("left", "a/l/", retry=1), "a later"),
     ],
-    ids=["overlap", "foreign", "unknown-scope", "earlier-attempt-under-sibling"],
+    ids=["overlap", "foreign", "unknown-scope", "later-attempt-under-sibling"],
 )
 def test_the_fence_fails_closed_naming_the_step_or_foreign_commit(
     owners: tuple[AttemptIdentity | None, ...], me: AttemptIdentity, needle: str
@@ -130,6 +130,12 @@ def test_the_fence_fails_closed_naming_the_step_or_foreign_commit(
     with pytest.raises(PublishFenceError, match="refusing") as e:
         decide(history[0], "R", me, history)
     assert needle in str(e.value)
+
+
+def test_an_earlier_attempt_under_siblings_is_a_scoped_replacement() -> None:
+    history = chain(ident("left", "a/l/", retry=0), RIGHT)
+    me = ident("left", "a/l/", retry=1)
+    assert decide(history[0], "R", me, history) is HeadDecision.SCOPED_REPLACE
 
 
 def test_own_publication_under_siblings_is_landed_and_a_rewritten_branch_fails() -> None:
@@ -252,3 +258,39 @@ def test_a_join_starts_only_from_a_head_holding_every_after_ref() -> None:
     assert e.value.non_retryable
     with pytest.raises(GuardrailError, match="does not exist"):
         check_contains(store, "r", "main", first, ["nope"])
+
+
+def _publish_part(
+    store: MemoryStore, me: AttemptIdentity, tmp_path: Path, base: str, files: dict[str, str]
+) -> str:
+    ws = tmp_path / f"{me.task_id}-{len(list(tmp_path.iterdir()))}"
+    ws.mkdir()
+    for name, body in files.items():
+        (ws / name).write_text(body)
+    pub = Publisher(store, StaticLedger(snap(me)), worker_id="w")
+    target = WorkspaceTarget("r", "main", base)
+    return pub.publish(me, target, me.scope or "", ws, Diff(added=tuple(files)), LOG)
+
+
+@pytest.mark.parametrize("noop", [False, True], ids=["changed", "noop"])
+def test_a_retry_under_a_sibling_replaces_its_scope_without_undoing_the_sibling(
+    tmp_path: Path, noop: bool
+) -> None:
+    store = MemoryStore()
+    store.create_repository("r")
+    base = store.branch_head("r", "main")
+    first = ident("left", "a/l/", task_id="l0", retry=0)
+    abandoned = _publish_part(store, first, tmp_path, base, {"x.txt": "first", "old.txt": "o"})
+    sibling = _publish_part(store, RIGHT, tmp_path, base, {"y.txt": "right"})
+    retry = ident("left", "a/l/", task_id="l1", retry=1)
+    out = _publish_part(store, retry, tmp_path, base, {} if noop else {"x.txt": "retry"})
+    head = store.get_commit("r", "main")
+    assert out == head.id and head.parents[0] == sibling
+    assert head.metadata["perago.replaces"] == abandoned
+    tree = store.tree("r", "main")
+    assert tree["a/r/y.txt"] == b"right"  # the sibling's publication is kept
+    data = {p: v for p, v in tree.items() if p.startswith("a/l/")}
+    assert data == ({} if noop else {"a/l/x.txt": b"retry"})  # the scope is the retry's tree
+    history = [c.id for c in store.log("r", "main", amount=10)]
+    assert abandoned in history  # reachable, never reset away
+    assert store.list_branches("r", prefix="perago-stg-") == []
