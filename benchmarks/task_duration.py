@@ -181,8 +181,8 @@ def measure(
             # No cache: first reads and a plain write.
             cold = load(env, janitor_on_start=False, concurrency=1, work_dir=work_dir / "work",
                         cache_bytes=0)  # fmt: skip
-            with _WorkerThread(Worker(tasks, settings=cold, store=store,
-                                      conductor=conductor)):  # fmt: skip
+            with _WorkerThread(Worker(tasks, settings=cold, store=store, orchestrator=
+                                      conductor)):  # fmt: skip
                 add(f"(h) read task, {reads.describe()}", _run(conductor, f"{read_name}_wf",
                     on_main), clone())  # fmt: skip
                 l_src = work_dir / f"lakectl-src-{rep}"
@@ -196,8 +196,8 @@ def measure(
             warm = load(env, janitor_on_start=False, concurrency=1, work_dir=work_dir / "work",
                         cache_dir=work_dir / "cache")  # fmt: skip
             store.create_branch(repo, f"{branch}-c", "main")
-            with _WorkerThread(Worker(tasks, settings=warm, store=store,
-                                      conductor=conductor)):  # fmt: skip
+            with _WorkerThread(Worker(tasks, settings=warm, store=store, orchestrator=
+                                      conductor)):  # fmt: skip
                 _run(conductor, f"{read_name}_wf", on_main)
                 add(f"(h) read task again on the same worker, {reads.describe()}",
                     _run(conductor, f"{read_name}_wf", on_main), clone())  # fmt: skip
