@@ -81,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--redelivery", action="store_true", help="one re-delivery of a task id")
     p.add_argument("--retries", type=int, default=1, help="Conductor retries (default 1)")
+    p.add_argument(
+        "--extensions",
+        type=int,
+        default=1,
+        help="response-timeout extensions that may overlap another update (default 1)",
+    )
     p.add_argument("--deterministic", action="store_true", help="every attempt: same diff")
     p.add_argument("--no-noop", action="store_true", help="bodies never produce an empty diff")
     p.add_argument("--once-per-step", action="store_true", help="I1 whatever the input ref")
@@ -93,6 +99,7 @@ def _config(args: argparse.Namespace) -> Config:
     return Config(
         retries=args.retries,
         redeliveries=1 if args.redelivery else 0,
+        extensions=args.extensions,
         foreign=args.foreign,
         hooks=args.hooks or (False, True),
         pinned=args.pinned or (True, False),

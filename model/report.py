@@ -77,6 +77,8 @@ def why_no_counterexample(cfg: Config, mechanism: str) -> str:
             "see), which no invariant asks for (--drop postcheck: I5 without the hook, "
             "nothing with it)"
         )
+    if mechanism == "serial-report" and cfg.extensions == 0:
+        return "no response-timeout extension overlaps another update (extensions=0)"
     if mechanism == "postcheck" and cfg.hooks == (True,):
         return "with the expected-head hook installed a merge onto a moved head is rejected"
     if mechanism == "lease" and cfg.redeliveries == 0 and cfg.retries == 1:

@@ -36,7 +36,7 @@ from model.config import Config
 from model.state import COMPLETED, FAILED, Attempt, State, attempt_name, ref_name, task_of
 from model.store import NO_REF, ROOT, add_commit, merge, merge_slot, staged_slot
 
-__all__ = ["RESET_WINDOW", "Transition", "decide", "steps"]
+__all__ = ["REPORTING", "RESET_WINDOW", "Transition", "decide", "steps"]
 
 #: (actor: attempt slot, or < 0 for the environment; what happened; next state; whether the
 #: step moved the target branch, which I2a/I2b check)
@@ -46,6 +46,8 @@ Transition = tuple[int, str, State, bool]
 RESET_WINDOW = frozenset({"tag", "refresh", "reset"})
 
 REPORTED = "REPORTED"  # fix guarded-report: reported under the lease, release next
+#: Steps at or after the final report: the extension thread has stopped.
+REPORTING = frozenset({"report"})
 FIRST, LANDED, REPLACE, REFUSE = "FIRST", "LANDED", "REPLACE", "refused"
 
 
@@ -389,6 +391,8 @@ def _release(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
 
 
 def _report(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
+    if s.extending == slot and cfg.has("serial-report"):
+        return []  # waits for its extension in flight (report.TaskUpdates)
     label = ""
     under_lease = a.leased and a.status == COMPLETED and cfg.fixed("guarded-report")
     if under_lease and lease.guard(s.lease, slot):
