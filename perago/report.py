@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections.abc import Callable
 
 import structlog
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from perago import metrics
-from perago.adapters.conductor import TaskSnapshot
+from perago.adapters.conductor import TaskSnapshot, is_transient
+from perago.coord.branch_leases import HeldLease
 
-__all__ = ["Landing", "TaskUpdates", "landing"]
+__all__ = ["Landing", "TaskUpdates", "landing", "under_lease"]
 
 log = structlog.get_logger("perago.report")
 
@@ -108,3 +110,28 @@ class TaskUpdates:
             return retrying(send_and_read)
         except RetryError:
             return Landing.RESEND
+
+
+def under_lease(
+    lease: HeldLease, send: Callable[[float], None], *, patience: float = 120.0
+) -> Callable[[], None]:
+    """``send(timeout)`` as a guarded write under the branch lease (renewed first when half
+    its ttl is gone), retried on transient errors while the lease holds, for ``patience``
+    seconds (a Conductor restart). LeaseLostError: another delivery took the branch, so this
+    one must not report COMPLETED (model-check finding F3)."""
+
+    def guarded_send() -> None:
+        deadline = time.monotonic() + patience
+        delay = 0.25
+        while True:
+            lease.refresh()
+            try:
+                lease.guarded(send)
+                return
+            except Exception as e:
+                if not is_transient(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
+
+    return guarded_send

@@ -19,7 +19,7 @@ from perago import failpoints, metrics
 from perago.adapters.conductor import TaskSnapshot
 from perago.config import Settings
 from perago.context import AttemptInfo, _current
-from perago.coord.branch_leases import BranchLeases
+from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.coord.errors import LeaseLostError
 from perago.errors import (
     AttemptFenceError,
@@ -56,6 +56,8 @@ class Outcome:
     status: Status
     output: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    #: The branch lease a COMPLETED publication still holds: report under it, then release.
+    lease: HeldLease | None = field(default=None, compare=False, repr=False)
 
 
 def _validation_summary(e: ValidationError) -> str:
@@ -261,10 +263,11 @@ class AttemptRunner:
             diff = compute_diff(manifest, attempt_dir.workspace)
             log.info("diffed", **diff.summary())
             step[0] = "publish"
-            ref = self._publisher.publish(
-                me, target, defn.workspace.prefix, attempt_dir.workspace, diff, log
-            )
-            return self._completed(target, ref, checked)
+            with self._publisher.lease_for_report() as kept:
+                ref = self._publisher.publish(
+                    me, target, defn.workspace.prefix, attempt_dir.workspace, diff, log
+                )
+            return self._completed(target, ref, checked, kept.lease)
 
     def _run_in_place(
         self,
@@ -290,8 +293,9 @@ class AttemptRunner:
             )
             checked = self._body_and_checks(defn, me, target, params, remote, log, step)
             step[0] = "publish"
-            ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
-            return self._completed(target, ref, checked)
+            with self._publisher.lease_for_report() as kept:
+                ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
+            return self._completed(target, ref, checked, kept.lease)
         finally:
             self._publisher.cancel(repo, staging, log)
 
@@ -364,7 +368,9 @@ class AttemptRunner:
             ) from e
 
     @staticmethod
-    def _completed(target: WorkspaceTarget, ref: str, result: BaseModel) -> Outcome:
+    def _completed(
+        target: WorkspaceTarget, ref: str, result: BaseModel, lease: HeldLease | None = None
+    ) -> Outcome:
         return Outcome(
             "COMPLETED",
             output={
@@ -375,4 +381,5 @@ class AttemptRunner:
                 },
                 "result": result.model_dump(mode="json"),
             },
+            lease=lease,
         )

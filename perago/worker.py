@@ -10,7 +10,7 @@ import ctypes
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -21,9 +21,11 @@ from perago import failpoints, metrics
 from perago.adapters.conductor import ConductorClient, TaskSnapshot
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
+from perago.coord.errors import LeaseExpiringError, LeaseLostError
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.health import HealthServer
-from perago.report import Landing, TaskUpdates
+from perago.publish.transaction import release_lease
+from perago.report import Landing, TaskUpdates, under_lease
 from perago.runtime import AttemptRunner, Outcome
 from perago.store import VersionStore
 from perago.task import TaskDefinition
@@ -309,8 +311,31 @@ class Worker:
             "retry_count": snapshot.retry_count,
             "status": outcome.status,
         }
+        lease = outcome.lease
+        send: Callable[[], None] = lambda: self._conductor.update_task(body)  # noqa: E731
+        if lease is not None and outcome.status == "COMPLETED":
+            http = self._settings.http_timeout.total_seconds()
+            send = under_lease(
+                lease,
+                lambda budget: self._conductor.update_task_once(body, timeout=min(budget, http)),
+            )
         try:
-            landed = updates.report(outcome.status, lambda: self._conductor.update_task(body))
+            try:
+                landed = updates.report(outcome.status, send)
+            except (LeaseLostError, LeaseExpiringError) as e:
+                # Another delivery of this task id holds the branch now: whatever this one
+                # published, its COMPLETED might contradict the branch (finding F3).
+                metrics.REPORT_PROBLEMS.labels("report_lease_lost").inc()
+                log.warning("guarded_report_refused", error=str(e), **fields)
+                failed = {
+                    **body,
+                    "status": "FAILED",
+                    "outputData": {},
+                    "reasonForIncompletion": f"the branch lease was lost before the COMPLETED "
+                    f"report ({e}); the retry decides from the branch",
+                }
+                fields["status"] = "FAILED"
+                landed = updates.report("FAILED", lambda: self._conductor.update_task(failed))
         except PeragoError as e:
             # Conductor times the attempt out and retries it; the retry decides from HEAD.
             metrics.REPORT_PROBLEMS.labels("report_failed").inc()
@@ -320,6 +345,9 @@ class Worker:
             metrics.REPORT_PROBLEMS.labels("report_crashed").inc()
             log.exception("report_failed", error=f"{type(e).__name__}: {e}", **fields)
             return
+        finally:
+            if lease is not None:
+                release_lease(lease, log.bind(task_id=snapshot.task_id))
         if landed is Landing.LANDED:
             log.info("attempt_reported", **fields)
             return

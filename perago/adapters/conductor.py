@@ -21,20 +21,20 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 from perago.config import Settings
 from perago.errors import OrchestratorError
 
-__all__ = ["ConductorClient", "TaskSnapshot"]
+__all__ = ["ConductorClient", "TaskSnapshot", "is_transient"]
 
 T = TypeVar("T")
 _JSON = {"Content-Type": "application/json", "Accept": "application/json"}
 
 
-def _is_transient(e: BaseException) -> bool:
+def is_transient(e: BaseException) -> bool:
     # The SDK reports a refused connection as HTTP status 0.
     return isinstance(e, OrchestratorError) and (not e.status or e.status >= 500 or e.status == 429)
 
 
 #: A Conductor restart takes tens of seconds; idempotent calls ride it out, then re-read state.
 _retry = retry(
-    retry=retry_if_exception(_is_transient),
+    retry=retry_if_exception(is_transient),
     stop=stop_after_delay(120),
     wait=wait_exponential(multiplier=0.25, max=5),
     reraise=True,
@@ -148,6 +148,16 @@ class ConductorClient:
     def update_task(self, result: dict[str, Any]) -> None:
         """Report a task result (v1 endpoint: it never hands back another task)."""
         self._call("POST", "/tasks", body=result, what=f"update task {result.get('taskId')}")
+
+    def update_task_once(self, result: dict[str, Any], *, timeout: float) -> None:
+        """One update, no retry, within ``timeout`` seconds (a guarded write's budget)."""
+        self._call(
+            "POST",
+            "/tasks",
+            body=result,
+            timeout=timeout,
+            what=f"update task {result.get('taskId')}",
+        )
 
     def extend_lease(self, task_id: str, workflow_id: str, worker_id: str) -> None:
         self.update_task(
