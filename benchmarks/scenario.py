@@ -26,9 +26,9 @@ from typing import Any
 
 import structlog
 
-from perago.adapters.conductor import TaskSnapshot
 from perago.adapters.lakefs import LakeFSStore
 from perago.config import Settings, load
+from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.testing import StaticLedger
 from perago.workspace import Manifest, compute_diff, materialize

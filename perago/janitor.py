@@ -24,12 +24,11 @@ from datetime import timedelta
 import structlog
 
 from perago import metrics
-from perago.adapters.conductor import TaskSnapshot
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.lease import LeaseRecord
 from perago.errors import ConfigError
-from perago.publish.fences import AttemptLedger
+from perago.orchestrator import AttemptLedger, TaskSnapshot
 from perago.publish.identity import staging_prefix
 from perago.store import VersionStore
 
@@ -37,15 +36,6 @@ __all__ = ["JanitorReport", "parse_duration", "sweep", "sweep_leases", "takeover
 
 log = structlog.get_logger("perago.janitor")
 _STAGING = re.compile(r"^(?P<task>.+)-p(?P<poll>\d+)$")  # after the cluster's prefix
-_TERMINAL = {
-    "COMPLETED",
-    "FAILED",
-    "FAILED_WITH_TERMINAL_ERROR",
-    "TIMED_OUT",
-    "CANCELED",
-    "SKIPPED",
-    "COMPLETED_WITH_ERRORS",
-}
 _DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd]?)$")
 
 
@@ -69,7 +59,7 @@ def _verdict(task: TaskSnapshot | None, poll: int, older_than: timedelta, now: f
     if task is None:
         return "attempt unknown to Conductor"
     age = now - task.update_time_ms / 1000 if task.update_time_ms else float("inf")
-    if task.status in _TERMINAL:
+    if task.terminal:
         return f"attempt {task.status}" if age >= older_than.total_seconds() else None
     if task.poll_count != poll and age >= older_than.total_seconds():
         return f"superseded delivery (task now at poll {task.poll_count})"

@@ -19,8 +19,9 @@ import structlog
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from perago import metrics
-from perago.adapters.conductor import TaskSnapshot, is_transient
 from perago.coord.branch_leases import HeldLease
+from perago.errors import OrchestratorError
+from perago.orchestrator import TaskSnapshot
 
 __all__ = ["Landing", "TaskUpdates", "landing", "under_lease"]
 
@@ -43,7 +44,7 @@ def landing(reported: str, now: TaskSnapshot | None, delivery: TaskSnapshot) -> 
         return Landing.GONE
     if now.status == reported:
         return Landing.LANDED
-    if now.status not in ("IN_PROGRESS", "SCHEDULED") or now.poll_count != delivery.poll_count:
+    if now.terminal or now.poll_count != delivery.poll_count:
         return Landing.SUPERSEDED
     return Landing.RESEND
 
@@ -128,8 +129,10 @@ def under_lease(
             try:
                 lease.guarded(send)
                 return
-            except Exception as e:
-                if not is_transient(e) or time.monotonic() > deadline:
+            except OrchestratorError as e:
+                # Unreachable or 5xx/429: ride out a restart while the lease holds.
+                transient = not e.status or e.status >= 500 or e.status == 429
+                if not transient or time.monotonic() > deadline:
                     raise
             time.sleep(delay)
             delay = min(5.0, delay * 2)

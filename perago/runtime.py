@@ -9,14 +9,12 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perago import failpoints, metrics
-from perago.adapters.conductor import TaskSnapshot
 from perago.config import Settings
 from perago.context import AttemptInfo, _current
 from perago.coord.branch_leases import BranchLeases, HeldLease
@@ -32,14 +30,16 @@ from perago.errors import (
     TaskError,
     WorkerShutdown,
 )
-from perago.publish import AttemptIdentity, AttemptLedger, Publisher, WorkspaceTarget
+from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
+from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.workspace import AttemptDirectory, compute_diff, materialize
 
-__all__ = ["AttemptRunner", "Outcome", "WorkspaceInput"]
+__all__ = ["SHUTDOWN", "AttemptRunner", "Outcome", "WorkspaceInput"]
 
-Status = Literal["COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR"]
+#: What an attempt interrupted by the worker's drain reports (Conductor retries it).
+SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
 
 
 class WorkspaceInput(BaseModel):
@@ -49,15 +49,6 @@ class WorkspaceInput(BaseModel):
     repository: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]{2,62}$")
     branch: str = Field(min_length=1, max_length=256, pattern=r"^\w[-\w]*$")
     ref: str | None = Field(default=None, min_length=1, max_length=256)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: Status
-    output: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""
-    #: The branch lease a COMPLETED publication still holds: report under it, then release.
-    lease: HeldLease | None = field(default=None, compare=False, repr=False)
 
 
 def _validation_summary(e: ValidationError) -> str:
@@ -209,7 +200,7 @@ class AttemptRunner:
             return self._run_local(defn, me, target, params, log, step)
         except WorkerShutdown:
             log.warning("attempt_interrupted", step=step[0])
-            return Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+            return SHUTDOWN
         except LeaseLostError as e:
             log.warning("lease_lost", step=step[0], reason=str(e))
             return Outcome(

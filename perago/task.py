@@ -127,21 +127,6 @@ class TaskDefinition(Generic[P, R]):
         """Call the body directly (handy in unit tests): no lakeFS, no Conductor."""
         return self.fn(workspace, params, **kwargs)
 
-    def conductor_task_def(self) -> dict[str, Any]:
-        o = self.options
-        return {
-            "name": self.name,
-            "description": o.description or (inspect.getdoc(self.fn) or self.name)[:500],
-            "retryCount": o.retry_count,
-            "retryLogic": "FIXED",
-            "retryDelaySeconds": int(o.retry_delay.total_seconds()),
-            "timeoutSeconds": int(o.timeout.total_seconds()),
-            "responseTimeoutSeconds": int(o.response_timeout.total_seconds()),
-            "timeoutPolicy": "TIME_OUT_WF",
-            "inputKeys": ["workspace", "params"],
-            "outputKeys": ["workspace", "result"],
-        }
-
 
 def _check_model(annotation: Any, what: str, fn_name: str) -> type[BaseModel]:
     if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):

@@ -1,7 +1,8 @@
-"""The Conductor worker: poll, run attempts concurrently, extend leases, drain on SIGTERM.
+"""The worker: poll, run attempts concurrently, extend response timeouts, drain on SIGTERM.
 
 conductor-python's TaskHandler has no drain, no attempt fencing and forks per task type, so
-Perago runs its own small loop and uses the SDK only for HTTP.
+Perago runs its own small loop against the :class:`perago.orchestrator.Orchestrator`
+protocol (Conductor in production, ``perago.testing.StubOrchestrator`` in unit tests).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import ctypes
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -18,15 +19,15 @@ from typing import Any
 import structlog
 
 from perago import failpoints, metrics
-from perago.adapters.conductor import ConductorClient, TaskSnapshot
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseExpiringError, LeaseLostError
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.health import HealthServer
+from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.publish.transaction import release_lease
 from perago.report import Landing, TaskUpdates, under_lease
-from perago.runtime import AttemptRunner, Outcome
+from perago.runtime import SHUTDOWN, AttemptRunner
 from perago.store import VersionStore
 from perago.task import TaskDefinition
 
@@ -53,7 +54,7 @@ class Worker:
         *,
         settings: Settings,
         store: VersionStore,
-        conductor: ConductorClient,
+        orchestrator: Orchestrator,
         spark: Any = None,
         http_port: int | None = None,
         leases: BranchLeases | None = None,
@@ -66,11 +67,11 @@ class Worker:
             raise ConfigError(f"task names must be unique in one worker, repeated: {duplicates}")
         self._tasks = {t.name: t for t in tasks}
         self._settings = settings
-        self._conductor = conductor
+        self._orchestrator = orchestrator
         self._spark = spark
         self._store = store
         self._leases = leases
-        self._runner = AttemptRunner(store, conductor, settings, spark=spark, leases=leases)
+        self._runner = AttemptRunner(store, orchestrator, settings, spark=spark, leases=leases)
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.Condition()
         self._draining = threading.Event()
@@ -149,7 +150,7 @@ class Worker:
             repositories = self._store.list_repositories()
             report = sweep(
                 self._store,
-                self._conductor,
+                self._orchestrator,
                 repositories=repositories,
                 cluster_id=self._settings.cluster_id,
             )
@@ -186,8 +187,8 @@ class Worker:
                 if self._draining.is_set() or free <= 0:
                     break
                 try:
-                    polled = self._conductor.batch_poll(
-                        name, worker_id=self._settings.worker_id, count=free, timeout_ms=100
+                    polled = self._orchestrator.poll(
+                        name, worker_id=self._settings.worker_id, count=free
                     )
                     failures = 0
                 except PeragoError as e:
@@ -196,8 +197,8 @@ class Worker:
                     log.warning("poll_failed", task_type=name, error=e.message, retry_in=backoff)
                     self._draining.wait(backoff)
                     break
-                for raw in polled:
-                    self._start(TaskSnapshot.from_json(raw))
+                for snapshot in polled:
+                    self._start(snapshot)
                     free -= 1
                     got_any = True
             if not got_any:
@@ -220,27 +221,26 @@ class Worker:
         with self._lock:
             self._inflight[snapshot.task_id].ident = threading.get_ident()
         metrics.IN_FLIGHT.inc()
+        worker_id = self._settings.worker_id
         updates = TaskUpdates(
             snapshot,
-            extend=lambda: self._conductor.extend_lease(
-                snapshot.task_id, snapshot.workflow_id, self._settings.worker_id
-            ),
-            read=lambda: self._conductor.get_task(snapshot.task_id),
+            extend=lambda: self._orchestrator.extend(snapshot, worker_id=worker_id),
+            read=lambda: self._orchestrator.get_task(snapshot.task_id),
         )
-        stop_lease = threading.Event()
-        lease = threading.Thread(
-            target=self._extend_lease,
-            args=(snapshot, updates, stop_lease),
+        stop_extending = threading.Event()
+        extender = threading.Thread(
+            target=self._extend_response_timeout,
+            args=(snapshot, updates, stop_extending),
             daemon=True,
-            name=f"perago-lease-{snapshot.task_id}",
+            name=f"perago-extend-{snapshot.task_id}",
         )
-        lease.start()
+        extender.start()
         step = "run"
         try:
             try:
                 outcome = self._runner.run(self._tasks[snapshot.task_type], snapshot)
             except WorkerShutdown:
-                outcome = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+                outcome = SHUTDOWN
             except Exception as e:  # never a dead attempt without a report
                 log.exception(
                     "attempt_crashed", workflow_id=snapshot.workflow_id, task_id=snapshot.task_id
@@ -251,7 +251,7 @@ class Worker:
                     reason=f"internal error in the worker: {type(e).__name__}: {e}; report it "
                     "to the Perago maintainers (Conductor retries the task)",
                 )
-            stop_lease.set()
+            stop_extending.set()
             metrics.ATTEMPTS.labels(snapshot.task_type, outcome.status).inc()
             step = "report"
             self._report(snapshot, outcome, updates)
@@ -271,15 +271,16 @@ class Worker:
                 interrupt=type(e).__name__,
             )
         finally:
-            stop_lease.set()
+            stop_extending.set()
             metrics.IN_FLIGHT.dec()
             with self._lock:
                 self._inflight.pop(snapshot.task_id, None)
                 self._lock.notify_all()
 
-    def _extend_lease(
+    def _extend_response_timeout(
         self, snapshot: TaskSnapshot, updates: TaskUpdates, stop: threading.Event
     ) -> None:
+        """Tell the orchestrator every third of the response timeout that the attempt lives."""
         timeout = snapshot.response_timeout_seconds
         if timeout <= 0:
             return
@@ -290,21 +291,14 @@ class Worker:
                 if not updates.extend():
                     return
                 metrics.LEASE_EXTENSIONS.labels("ok").inc()
-                log.debug("lease_extended", task_id=snapshot.task_id)
+                log.debug("response_timeout_extended", task_id=snapshot.task_id)
             except PeragoError as e:
                 metrics.LEASE_EXTENSIONS.labels("failed").inc()
-                log.warning("lease_extension_failed", task_id=snapshot.task_id, error=e.message)
+                log.warning(
+                    "response_timeout_extension_failed", task_id=snapshot.task_id, error=e.message
+                )
 
     def _report(self, snapshot: TaskSnapshot, outcome: Outcome, updates: TaskUpdates) -> None:
-        body: dict[str, Any] = {
-            "taskId": snapshot.task_id,
-            "workflowInstanceId": snapshot.workflow_id,
-            "workerId": self._settings.worker_id,
-            "status": outcome.status,
-            "outputData": outcome.output,
-        }
-        if outcome.reason:
-            body["reasonForIncompletion"] = outcome.reason[:2000]
         fields = {
             "workflow_id": snapshot.workflow_id,
             "task_id": snapshot.task_id,
@@ -312,12 +306,18 @@ class Worker:
             "status": outcome.status,
         }
         lease = outcome.lease
-        send: Callable[[], None] = lambda: self._conductor.update_task(body)  # noqa: E731
+        worker_id = self._settings.worker_id
+
+        def send() -> None:
+            self._orchestrator.report(snapshot, outcome, worker_id=worker_id)
+
         if lease is not None and outcome.status == "COMPLETED":
             http = self._settings.http_timeout.total_seconds()
             send = under_lease(
                 lease,
-                lambda budget: self._conductor.update_task_once(body, timeout=min(budget, http)),
+                lambda budget: self._orchestrator.report(
+                    snapshot, outcome, worker_id=worker_id, timeout=min(budget, http)
+                ),
             )
         try:
             try:
@@ -327,15 +327,16 @@ class Worker:
                 # published, its COMPLETED might contradict the branch (finding F3).
                 metrics.REPORT_PROBLEMS.labels("report_lease_lost").inc()
                 log.warning("guarded_report_refused", error=str(e), **fields)
-                failed = {
-                    **body,
-                    "status": "FAILED",
-                    "outputData": {},
-                    "reasonForIncompletion": f"the branch lease was lost before the COMPLETED "
-                    f"report ({e}); the retry decides from the branch",
-                }
+                failed = Outcome(
+                    "FAILED",
+                    reason=f"the branch lease was lost before the COMPLETED report ({e}); the "
+                    "retry decides from the branch",
+                )
                 fields["status"] = "FAILED"
-                landed = updates.report("FAILED", lambda: self._conductor.update_task(failed))
+                landed = updates.report(
+                    "FAILED",
+                    lambda: self._orchestrator.report(snapshot, failed, worker_id=worker_id),
+                )
         except PeragoError as e:
             # Conductor times the attempt out and retries it; the retry decides from HEAD.
             metrics.REPORT_PROBLEMS.labels("report_failed").inc()

@@ -7,20 +7,13 @@ error, never a guess.
 from __future__ import annotations
 
 import enum
-from typing import Protocol
 
-from perago.adapters.conductor import TaskSnapshot
 from perago.errors import AttemptFenceError, PublishFenceError
+from perago.orchestrator import IN_PROGRESS, AttemptLedger
 from perago.publish.identity import AttemptIdentity
 from perago.store import Commit
 
 __all__ = ["AttemptLedger", "HeadDecision", "check_attempt", "decide_publication"]
-
-
-class AttemptLedger(Protocol):
-    """Where the truth about attempts lives (Conductor)."""
-
-    def get_task(self, task_id: str) -> TaskSnapshot | None: ...
 
 
 def check_attempt(ledger: AttemptLedger, me: AttemptIdentity, *, worker_id: str) -> None:
@@ -36,7 +29,7 @@ def check_attempt(ledger: AttemptLedger, me: AttemptIdentity, *, worker_id: str)
             "and publishes nothing"
         )
     problems = []
-    if current.status != "IN_PROGRESS":
+    if current.status != IN_PROGRESS:
         problems.append(f"status is {current.status}")
     if current.workflow_id != me.workflow_id:
         problems.append(f"workflow is {current.workflow_id}")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import structlog
 
-from perago.adapters.conductor import TaskSnapshot
 from perago.adapters.lakefs import LakeFSStore
 from perago.errors import WorkspaceError
+from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.testing import StaticLedger
 

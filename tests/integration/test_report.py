@@ -10,6 +10,7 @@ import pytest
 
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
+from perago.orchestrator import Outcome, TaskSnapshot
 
 from .harness import attempts, one_step, start, wait_workflow, worker
 
@@ -47,35 +48,26 @@ def test_an_extension_overlapping_completed_can_undo_it_on_the_server(
     )
     statuses: list[str] = []
     for _ in range(80):
-        workflow_id = conductor.start_workflow(name, {})
-        polled: list[dict[str, object]] = []
+        conductor.start_workflow(name, {})
+        polled: list[TaskSnapshot] = []
         while not polled:
-            polled = conductor.batch_poll(name, worker_id="probe", count=1, timeout_ms=1000)
-        task_id = str(polled[0]["taskId"])
+            polled = conductor.poll(name, worker_id="probe", count=1)
+        delivery = polled[0]
         together = threading.Barrier(2)
 
         def extend(
-            task_id: str = task_id,
-            workflow_id: str = workflow_id,
-            together: threading.Barrier = together,
+            delivery: TaskSnapshot = delivery, together: threading.Barrier = together
         ) -> None:
             together.wait()
-            conductor.extend_lease(task_id, workflow_id, "probe")
+            conductor.extend(delivery, worker_id="probe")
 
         ext = threading.Thread(target=extend)
         ext.start()
         together.wait()
-        conductor.update_task(
-            {
-                "taskId": task_id,
-                "workflowInstanceId": workflow_id,
-                "workerId": "probe",
-                "status": "COMPLETED",
-                "outputData": {"done": True},
-            }
-        )  # answered 200, or this raises
+        # answered 200, or this raises
+        conductor.report(delivery, Outcome("COMPLETED", {"done": True}), worker_id="probe")
         ext.join()
-        task = conductor.get_task(task_id)
+        task = conductor.get_task(delivery.task_id)
         assert task is not None
         statuses.append(task.status)
         if task.status != "COMPLETED":

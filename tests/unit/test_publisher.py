@@ -11,12 +11,12 @@ import pytest
 import structlog
 
 from perago import failpoints
-from perago.adapters.conductor import TaskSnapshot
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseBusyError, LeaseLostError
 from perago.coord.lease import LeaseManager
 from perago.coord.memory import MemoryStore as CoordMemory
 from perago.errors import AttemptFenceError, PublishFenceError, StoreError
+from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.transaction import PUBLICATION_MARKER
 from perago.testing import MemoryStore, StaticLedger

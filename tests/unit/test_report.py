@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from perago.adapters.conductor import TaskSnapshot
+from perago.orchestrator import TaskSnapshot
 from perago.report import Landing, TaskUpdates, landing
 
 DELIVERY = TaskSnapshot(
@@ -29,7 +29,7 @@ DELIVERY = TaskSnapshot(
     [
         (replace(DELIVERY, status="COMPLETED"), Landing.LANDED),
         (replace(DELIVERY, status="IN_PROGRESS"), Landing.RESEND),
-        (replace(DELIVERY, status="TIMED_OUT"), Landing.SUPERSEDED),
+        (replace(DELIVERY, status="TIMED_OUT", terminal=True), Landing.SUPERSEDED),
         (replace(DELIVERY, status="IN_PROGRESS", poll_count=2), Landing.SUPERSEDED),
         (None, Landing.GONE),
     ],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +11,9 @@ import structlog
 from pydantic import BaseModel
 
 from perago import WorkspaceSpec, config, metrics, task
-from perago.adapters.conductor import TaskSnapshot
 from perago.errors import OrchestratorError, WorkerShutdown
-from perago.runtime import Outcome
-from perago.testing import MemoryStore
+from perago.orchestrator import Outcome
+from perago.testing import MemoryStore, StubOrchestrator
 from perago.worker import Worker
 
 
@@ -28,41 +26,6 @@ def _body(workspace: Path, params: _P) -> _P:
     return params
 
 
-DELIVERY = TaskSnapshot(
-    task_id="t0",
-    task_type="unit_report_task",
-    reference_name="step",
-    workflow_id="wf",
-    status="IN_PROGRESS",
-    retry_count=0,
-    poll_count=1,
-    worker_id="w",
-    response_timeout_seconds=0,
-    input={},
-)
-
-
-class FakeConductor:
-    """Records updates; the task reads back with the status last reported."""
-
-    def __init__(self, *, fail_update: BaseException | None = None) -> None:
-        self.updates: list[dict[str, Any]] = []
-        self.fail_update = fail_update
-        self.status = "IN_PROGRESS"
-
-    def update_task(self, body: dict[str, Any]) -> None:
-        if self.fail_update is not None:
-            raise self.fail_update
-        self.updates.append(body)
-        self.status = body["status"]
-
-    def get_task(self, task_id: str) -> TaskSnapshot:
-        return replace(DELIVERY, status=self.status)
-
-    def extend_lease(self, *args: Any) -> None:
-        pass
-
-
 class Runner:
     def __init__(self, action: BaseException | Outcome) -> None:
         self.action = action
@@ -73,13 +36,15 @@ class Runner:
         return self.action
 
 
-def _attempt(conductor: FakeConductor, runner: Runner, tmp_path: Path) -> None:
+def _attempt(conductor: StubOrchestrator, runner: Runner, tmp_path: Path) -> None:
     settings = config.load(env={"PERAGO_WORK_DIR": str(tmp_path)})
-    w = Worker([_body], settings=settings, store=MemoryStore(), conductor=conductor)  # type: ignore[arg-type]
+    w = Worker([_body], settings=settings, store=MemoryStore(), orchestrator=conductor)
     w._runner = runner  # type: ignore[assignment]
-    w._start(DELIVERY)
+    conductor.submit("unit_report_task", {}, workflow_id="wf", reference_name="step")
+    (delivery,) = conductor.poll("unit_report_task", worker_id=settings.worker_id, count=1)
+    w._start(delivery)
     for t in threading.enumerate():
-        if t.name == f"perago-attempt-{DELIVERY.task_id}":
+        if t.name == f"perago-attempt-{delivery.task_id}":
             t.join(10)
     assert w.in_flight() == 0
 
@@ -89,18 +54,20 @@ def _count(reason: str) -> float:
 
 
 def test_an_exception_escaping_the_runner_is_reported_failed(tmp_path: Path) -> None:
-    conductor = FakeConductor()
+    conductor = StubOrchestrator()
     before = _count("runner_crashed")
     with structlog.testing.capture_logs() as logs:
         _attempt(conductor, Runner(KeyError("boom")), tmp_path)
-    assert [u["status"] for u in conductor.updates] == ["FAILED"]
-    assert "internal error in the worker: KeyError" in conductor.updates[0]["reasonForIncompletion"]
+    outcomes = [u.outcome for u in conductor.reports()]
+    assert [o.status for o in outcomes if o] == ["FAILED"]
+    assert outcomes[0] and "internal error in the worker: KeyError" in outcomes[0].reason
     assert _count("runner_crashed") == before + 1
     assert any(e["event"] == "attempt_crashed" for e in logs)
 
 
 def test_an_interrupt_during_the_report_is_logged_and_counted(tmp_path: Path) -> None:
-    conductor = FakeConductor(fail_update=WorkerShutdown())
+    conductor = StubOrchestrator()
+    conductor.fail("report", error=WorkerShutdown())
     before = _count("interrupted")
     with structlog.testing.capture_logs() as logs:
         _attempt(conductor, Runner(Outcome("COMPLETED")), tmp_path)
@@ -116,7 +83,8 @@ def test_an_interrupt_during_the_report_is_logged_and_counted(tmp_path: Path) ->
 def test_a_report_that_fails_is_logged_and_counted(
     error: BaseException, reason: str, tmp_path: Path
 ) -> None:
-    conductor = FakeConductor(fail_update=error)
+    conductor = StubOrchestrator()
+    conductor.fail("report", error=error)
     before = _count(reason)
     with structlog.testing.capture_logs() as logs:
         _attempt(conductor, Runner(Outcome("COMPLETED")), tmp_path)
