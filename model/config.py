@@ -25,17 +25,17 @@ MECHANISMS: dict[str, str] = {
     "tag": "a replaced head is not tagged before the hard reset",
     "noop-peek": "the no-op path decides on the head without reading the branch lease first "
     "and takes the lease only to relocate (the code before 261b23b: finding F1)",
+    "guarded-report": "COMPLETED is not reported under the branch lease (the code before "
+    "df3d7a7): the lease is released before the report, and the no-op path completes without "
+    "it when it reads the lease free and the head unchanged (finding F3 with --redelivery)",
     "serial-report": "the final report does not wait for a response-timeout extension in "
     "flight (the code before dcbbee2): Conductor's unlocked read-modify-write lets the "
     "extension write IN_PROGRESS back over an accepted COMPLETED (issue 14)",
 }
 
 #: Changes to the protocol that the model found necessary (docs/model-check.md, findings).
-FIXES: dict[str, str] = {
-    "guarded-report": "COMPLETED is reported to Conductor as a guarded write under the "
-    "branch lease (released after the report), so no delivery that lost the lease reports it; "
-    "the no-op path therefore always takes the lease (no shortcut on a free lease)",
-}
+#: None is open: guarded-report (F3) is in the code since df3d7a7 (a mechanism now).
+FIXES: dict[str, str] = {}
 
 #: How the foreign writer (not Perago) may commit to the target branch.
 FOREIGN_MODES = ("off", "outside-reset", "anytime")
@@ -97,8 +97,8 @@ class Config:
 
     @property
     def guarded_report(self) -> bool:
-        """Fix guarded-report, which needs a lease to guard the report with."""
-        return self.leases and self.fixed("guarded-report")
+        """COMPLETED reported under the branch lease (needs a lease to guard it with)."""
+        return self.leases and self.has("guarded-report")
 
     @property
     def tasks(self) -> int:

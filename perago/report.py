@@ -134,6 +134,7 @@ def under_lease(
                 transient = not e.status or e.status >= 500 or e.status == 429
                 if not transient or time.monotonic() > deadline:
                     raise
+                log.warning("report_send_failed", error=e.message, retry_in=delay)
             time.sleep(delay)
             delay = min(5.0, delay * 2)
 
