@@ -12,6 +12,7 @@ from typing import Any
 from perago.adapters.conductor import ConductorClient, worker_tasks, workflow_def_defaults
 from perago.errors import RegistrationError
 from perago.task import TaskDefinition
+from perago.workflow_check import workflow_problems
 
 __all__ = ["discover", "load_workflows", "register"]
 
@@ -81,6 +82,13 @@ def register(
                     "Conductor; add its module to `perago register`"
                 )
             known.add(name)
+    by_name = {t.name: t for t in tasks}
+    problems = [p for wf in workflows for p in workflow_problems(wf, by_name)]
+    if problems:
+        raise RegistrationError(
+            f"{len(problems)} problem(s) in the workflow definitions; fix them and register "
+            "again:\n  " + "\n  ".join(problems)
+        )
     if workflows:
         conductor.put_workflow_defs(
             [{k: v for k, v in wf.items() if k != "_source"} for wf in workflows]

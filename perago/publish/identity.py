@@ -43,8 +43,11 @@ class AttemptIdentity:
     task_type: str
     #: The Conductor cluster this worker serves (``PERAGO_CLUSTER_ID``); names staging branches.
     cluster_id: str = field(default="", compare=False)
+    #: The rendered prefix the step publishes (``None``: unknown, overlaps every scope).
+    scope: str | None = None
 
     def metadata(self, input_ref: str, **extra: str) -> dict[str, str]:
+        scope = {} if self.scope is None else {f"{_KEY}scope": self.scope}
         return {
             f"{_KEY}workflow_id": self.workflow_id,
             f"{_KEY}task_ref": self.reference_name,
@@ -53,6 +56,7 @@ class AttemptIdentity:
             f"{_KEY}poll_count": str(self.poll_count),
             f"{_KEY}task_type": self.task_type,
             f"{_KEY}input_ref": input_ref,
+            **scope,
             **{f"{_KEY}{k}": v for k, v in extra.items()},
         }
 
@@ -67,6 +71,7 @@ class AttemptIdentity:
                 retry_count=int(m[f"{_KEY}retry_count"]),
                 poll_count=int(m.get(f"{_KEY}poll_count", "0")),
                 task_type=m.get(f"{_KEY}task_type", ""),
+                scope=m.get(f"{_KEY}scope"),
             )
         except (KeyError, ValueError):
             return None

@@ -18,7 +18,7 @@ from perago.coord.memory import MemoryStore as CoordMemory
 from perago.errors import AttemptFenceError, PublishFenceError, StoreError
 from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
-from perago.publish.transaction import PUBLICATION_MARKER
+from perago.publish.scope import SCOPE_MARKER_ROOT
 from perago.testing import MemoryStore, StaticLedger
 from perago.workspace import Diff
 
@@ -70,7 +70,7 @@ def test_first_publication_is_a_merge_on_the_input_ref(store: MemoryStore, tmp_p
     head = store.get_commit("r", "main")
     assert out == head.id and head.parents[0] == base
     assert store.tree("r", "main")["data/out.txt"] == b"A"
-    assert PUBLICATION_MARKER in store.tree("r", "main")
+    assert any(p.startswith(f"{SCOPE_MARKER_ROOT}{base}/") for p in store.tree("r", "main"))
     assert store.list_branches("r", prefix="perago-stg-") == []
 
 
