@@ -233,7 +233,7 @@ def measure(env: dict[str, str], *, runs: int, work_dir: Path, warmup: int = 2) 
             [_workflow_def(perago_wf, perago_task), _workflow_def(bare_wf, bare_task)]
         )
         perago = _PeragoWorkerThread(
-            Worker([defn], settings=settings, store=store, conductor=conductor)
+            Worker([defn], settings=settings, store=store, orchestrator=conductor)
         )
         bare = BareWorker(
             settings.conductor_server_url, bare_task, worker_id=f"bench-bare-{token}", idle=idle

@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
 import typer
@@ -15,13 +15,14 @@ import typer
 from perago import config as config_module
 from perago.errors import PeragoError, WorkflowRunError
 
+if TYPE_CHECKING:
+    from perago.adapters.conductor import ConductorClient, WorkflowRun
+
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="Perago: typed Conductor workers that publish to lakeFS with Try/Confirm/Cancel.",
 )
-
-_TERMINAL = {"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED", "PAUSED"}
 
 
 def configure_logging(*, json_logs: bool | None = None, level: int = logging.INFO) -> None:
@@ -116,7 +117,7 @@ def worker(
             settings=settings,
             store=store,
             leases=branch_leases(settings, store),
-            conductor=ConductorClient(settings),
+            orchestrator=ConductorClient(settings),
             spark=spark,
             http_port=http_port,
         )
@@ -145,8 +146,8 @@ def _parse_input(raw: str | None) -> dict[str, Any]:
 
 
 def _wait_for_workflow(
-    conductor: Any, workflow: str, workflow_id: str, timeout: float
-) -> dict[str, Any]:
+    conductor: ConductorClient, workflow: str, workflow_id: str, timeout: float
+) -> WorkflowRun:
     """Poll until the workflow ends; a spinner with the finished steps when on a terminal."""
     from rich.console import Console
 
@@ -154,32 +155,17 @@ def _wait_for_workflow(
     deadline = time.monotonic() + timeout
     with console.status(f"{workflow} {workflow_id}: starting") as spinner:
         while True:
-            wf: dict[str, Any] = conductor.get_workflow(workflow_id)
-            status = wf.get("status", "")
-            if status in _TERMINAL:
+            wf = conductor.workflow_run(workflow_id)
+            if wf.ended:
                 return wf
             if time.monotonic() > deadline:
                 raise WorkflowRunError(
-                    f"workflow {workflow} ({workflow_id}) is still {status} after {timeout:.0f}s; "
-                    "is a worker running for its tasks? (perago worker MODULE...)"
+                    f"workflow {workflow} ({workflow_id}) is still {wf.status} after "
+                    f"{timeout:.0f}s; is a worker running for its tasks? (perago worker MODULE...)"
                 )
             if console.is_terminal:
-                tasks = [
-                    f"{t.get('referenceTaskName')}:{t.get('status')}" for t in wf.get("tasks", [])
-                ]
-                spinner.update(f"{workflow} {workflow_id}: {' '.join(tasks) or status}")
+                spinner.update(f"{workflow} {workflow_id}: {' '.join(wf.steps) or wf.status}")
             time.sleep(0.5)
-
-
-def _failed_task(wf: dict[str, Any]) -> str:
-    for t in reversed(wf.get("tasks") or []):
-        if t.get("status") not in ("COMPLETED", "IN_PROGRESS", "SCHEDULED"):
-            return (
-                f"task {t.get('referenceTaskName')} ({t.get('taskType')}) "
-                f"{t.get('status')} after {int(t.get('retryCount') or 0) + 1} attempt(s): "
-                f"{t.get('reasonForIncompletion') or 'no reason given'}"
-            )
-    return str(wf.get("reasonForIncompletion") or "no reason given")
 
 
 @app.command()
@@ -206,18 +192,17 @@ def run(
             typer.echo(workflow_id)
             return
         wf = _wait_for_workflow(conductor, workflow, workflow_id, timeout)
-        status = str(wf.get("status", ""))
     except PeragoError as e:
         raise _fail(e) from e
-    if status != "COMPLETED":
+    if not wf.completed:
         typer.secho(
-            f"workflow {workflow} ({workflow_id}) {status}: {_failed_task(wf)}",
+            f"workflow {workflow} ({workflow_id}) {wf.status}: {wf.failure}",
             fg=typer.colors.RED,
             err=True,
         )
         raise typer.Exit(1)
     typer.secho(f"workflow {workflow} ({workflow_id}) COMPLETED", err=True)
-    typer.echo(json.dumps(wf.get("output", {}), indent=2))
+    typer.echo(json.dumps(wf.output, indent=2))
 
 
 @app.command()
@@ -228,6 +213,14 @@ def janitor(
     ] = "0s",
     repository: Annotated[
         list[str] | None, typer.Option("--repository", help="Only these repositories.")
+    ] = None,
+    branch_pattern: Annotated[
+        str | None,
+        typer.Option(
+            "--branch-pattern",
+            help="Only staging branches matching this glob (the cluster's own, named after "
+            "PERAGO_CLUSTER_ID, are the only ones ever considered).",
+        ),
     ] = None,
     lease_watch: Annotated[
         str | None,
@@ -256,6 +249,8 @@ def janitor(
             repositories=repositories,
             dry_run=dry_run,
             older_than=parse_duration(older_than),
+            cluster_id=settings.cluster_id,
+            branch_pattern=branch_pattern,
         )
         leases = branch_leases(settings, store)
         watch = parse_duration(lease_watch) if lease_watch is not None else takeover_watch(settings)

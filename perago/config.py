@@ -98,15 +98,41 @@ class Settings(BaseSettings):
         description="After SIGTERM, how long in-flight attempts may finish before they are "
         "interrupted (and reported FAILED, so Conductor retries them).",
     )
+    extension_interval: timedelta | None = Field(
+        default=None,
+        description="How often a running attempt extends its Conductor response timeout; "
+        "unset: a third of the task's response timeout, at least 1 s.",
+    )
     transfer_parallelism: int = Field(
-        default=8,
+        default=25,
         ge=1,
         le=128,
-        description="Parallel object transfers between lakeFS and a workspace.",
+        description="Parallel object transfers between lakeFS and a workspace (25, like "
+        "`lakectl local`: each upload waits mostly on lakeFS, not on this process).",
+    )
+    cache_dir: Path = Field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / "perago-cache",
+        description="Folder of the worker-local content cache (one subfolder per worker "
+        "process; those of dead processes are removed at start). Attempts get reflinks or "
+        "copies of its files, never links.",
+    )
+    cache_bytes: int = Field(
+        default=1024**3,
+        ge=0,
+        description="Size bound of the worker-local content cache in bytes (least recently "
+        "used entries are evicted); 0 turns the cache off.",
     )
     http_timeout: timedelta = Field(
         default=timedelta(seconds=60),
         description="Timeout of one HTTP request to lakeFS or Conductor.",
+    )
+    cluster_id: str = Field(
+        default="",
+        pattern=r"^[a-z0-9]{0,20}$",
+        description="Names the Conductor cluster this worker serves (lower-case letters and "
+        "digits): staging branches become `perago-<id>-stg-...` and the janitor removes only "
+        "its own cluster's, so clusters sharing one lakeFS never remove each other's. Unset: "
+        "`perago-stg-...`.",
     )
     janitor_on_start: bool = Field(
         default=True,
@@ -156,7 +182,14 @@ class Settings(BaseSettings):
         description="Ivy cache of Spark packages (the S3A connector).",
     )
 
-    @field_validator("poll_interval", "shutdown_grace", "http_timeout", "lease_ttl", mode="before")
+    @field_validator(
+        "poll_interval",
+        "shutdown_grace",
+        "http_timeout",
+        "lease_ttl",
+        "extension_interval",
+        mode="before",
+    )
     @classmethod
     def _seconds(cls, value: object) -> object:
         # Environment variables say durations in seconds ("0.5", "30").

@@ -1,8 +1,11 @@
 """Remove what killed workers leave behind: staging branches and expired branch leases.
 
-A staging branch is named after its attempt (``perago-stg-<task id>-p<poll count>``), so
-Conductor says whether the attempt is over. A branch whose task is still IN_PROGRESS with the
-same poll count belongs to a live attempt and is never touched.
+A staging branch is named after its attempt (``perago-stg-<task id>-p<poll count>``, or
+``perago-<cluster id>-stg-...`` with ``PERAGO_CLUSTER_ID``), so Conductor says whether the
+attempt is over. A pass only looks at its own cluster's staging branches (another Conductor
+does not know their tasks), optionally narrowed to repositories and a branch-name pattern.
+A branch whose task is still IN_PROGRESS with the same poll count belongs to a live attempt
+and is never touched.
 
 A branch lease is removed only when released, or when this process watched it unchanged for
 its takeover time (ttl x clock-skew rate): Conductor's view of the holder's attempt is not
@@ -11,6 +14,7 @@ enough, since a paused holder may still be inside its write window.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -20,27 +24,18 @@ from datetime import timedelta
 import structlog
 
 from perago import metrics
-from perago.adapters.conductor import TaskSnapshot
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.lease import LeaseRecord
 from perago.errors import ConfigError
-from perago.publish.fences import AttemptLedger
+from perago.orchestrator import AttemptLedger, TaskSnapshot
+from perago.publish.identity import staging_prefix
 from perago.store import VersionStore
 
 __all__ = ["JanitorReport", "parse_duration", "sweep", "sweep_leases", "takeover_watch"]
 
 log = structlog.get_logger("perago.janitor")
-_STAGING = re.compile(r"^perago-stg-(?P<task>.+)-p(?P<poll>\d+)$")
-_TERMINAL = {
-    "COMPLETED",
-    "FAILED",
-    "FAILED_WITH_TERMINAL_ERROR",
-    "TIMED_OUT",
-    "CANCELED",
-    "SKIPPED",
-    "COMPLETED_WITH_ERRORS",
-}
+_STAGING = re.compile(r"^(?P<task>.+)-p(?P<poll>\d+)$")  # after the cluster's prefix
 _DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd]?)$")
 
 
@@ -64,7 +59,7 @@ def _verdict(task: TaskSnapshot | None, poll: int, older_than: timedelta, now: f
     if task is None:
         return "attempt unknown to Conductor"
     age = now - task.update_time_ms / 1000 if task.update_time_ms else float("inf")
-    if task.status in _TERMINAL:
+    if task.terminal:
         return f"attempt {task.status}" if age >= older_than.total_seconds() else None
     if task.poll_count != poll and age >= older_than.total_seconds():
         return f"superseded delivery (task now at poll {task.poll_count})"
@@ -79,12 +74,17 @@ def sweep(
     dry_run: bool = False,
     older_than: timedelta = timedelta(0),
     clock: Callable[[], float] = time.time,
+    cluster_id: str = "",
+    branch_pattern: str | None = None,
 ) -> JanitorReport:
+    """Remove the staging branches of ``cluster_id`` whose attempts are over (optionally only
+    those matching the glob ``branch_pattern``)."""
     report = JanitorReport()
+    prefix = staging_prefix(cluster_id)
     for repo in repositories:
-        for branch, _ in store.list_branches(repo, prefix="perago-stg-"):
-            m = _STAGING.match(branch)
-            if not m:
+        for branch, _ in store.list_branches(repo, prefix=prefix):
+            m = _STAGING.match(branch.removeprefix(prefix))
+            if not m or (branch_pattern and not fnmatch.fnmatchcase(branch, branch_pattern)):
                 continue
             reason = _verdict(ledger.get_task(m["task"]), int(m["poll"]), older_than, clock())
             if reason is None:

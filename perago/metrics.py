@@ -7,12 +7,16 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "ATTEMPTS",
     "BYTES",
+    "CACHE",
+    "CACHE_BYTES_SAVED",
     "FENCE_REJECTIONS",
     "FILES",
     "IN_FLIGHT",
     "JANITOR_REMOVALS",
     "LEASE_EXTENSIONS",
     "PUBLISH_SECONDS",
+    "REPORT_PROBLEMS",
+    "REPORT_RESENDS",
     "STAGE_SECONDS",
 ]
 
@@ -38,9 +42,27 @@ FILES = Counter("perago_files_total", "Files moved between lakeFS and workspaces
 LEASE_EXTENSIONS = Counter(
     "perago_lease_extensions_total", "Conductor lease extensions sent.", ["result"]
 )
+CACHE = Counter(
+    "perago_cache_total",
+    "Worker-local content cache: hits, misses, entries added and damaged entries dropped.",
+    ["result"],
+)
+CACHE_BYTES_SAVED = Counter(
+    "perago_cache_bytes_saved_total", "Bytes copied from the content cache instead of lakeFS."
+)
 IN_FLIGHT = Gauge("perago_attempts_in_flight", "Attempts running in this worker.")
 JANITOR_REMOVALS = Counter(
     "perago_janitor_removals_total",
     "Leftovers removed by the janitor: staging branches and expired branch leases.",
     ["kind"],
+)
+REPORT_RESENDS = Counter(
+    "perago_report_resends_total",
+    "Final reports sent again because a read-back did not show them (an overlapping update).",
+)
+REPORT_PROBLEMS = Counter(
+    "perago_report_problems_total",
+    "Attempts whose final report did not land or was not sent, or whose runner crashed "
+    "(reported FAILED), by reason.",
+    ["reason"],
 )

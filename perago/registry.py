@@ -5,37 +5,16 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perago.adapters.conductor import ConductorClient
+from perago.adapters.conductor import ConductorClient, worker_tasks, workflow_def_defaults
 from perago.errors import RegistrationError
 from perago.task import TaskDefinition
+from perago.workflow_check import workflow_problems
 
 __all__ = ["discover", "load_workflows", "register"]
-
-_NON_WORKER_TYPES = {
-    "SWITCH",
-    "DECISION",
-    "FORK_JOIN",
-    "FORK_JOIN_DYNAMIC",
-    "JOIN",
-    "DO_WHILE",
-    "SUB_WORKFLOW",
-    "SET_VARIABLE",
-    "TERMINATE",
-    "WAIT",
-    "HTTP",
-    "INLINE",
-    "JSON_JQ_TRANSFORM",
-    "EVENT",
-    "HUMAN",
-    "DYNAMIC",
-    "START_WORKFLOW",
-    "KAFKA_PUBLISH",
-    "NOOP",
-}
 
 
 def discover(modules: Sequence[str]) -> list[TaskDefinition[Any, Any]]:
@@ -62,20 +41,6 @@ def discover(modules: Sequence[str]) -> list[TaskDefinition[Any, Any]]:
     return list(found.values())
 
 
-def _task_names(tasks: Iterable[dict[str, Any]]) -> Iterable[tuple[str, str]]:
-    for t in tasks:
-        kind = str(t.get("type", "SIMPLE")).upper()
-        if kind not in _NON_WORKER_TYPES:
-            yield str(t.get("name", "")), str(t.get("taskReferenceName", ""))
-        for nested_key in ("forkTasks",):
-            for branch in t.get(nested_key) or []:
-                yield from _task_names(branch)
-        for nested_key in ("loopOver", "defaultCase"):
-            yield from _task_names(t.get(nested_key) or [])
-        for case in (t.get("decisionCases") or {}).values():
-            yield from _task_names(case)
-
-
 def load_workflows(directory: Path) -> list[dict[str, Any]]:
     if not directory.is_dir():
         raise RegistrationError(f"workflow directory {directory} does not exist")
@@ -89,9 +54,7 @@ def load_workflows(directory: Path) -> list[dict[str, Any]]:
             raise RegistrationError(
                 f"{path} is not a Conductor workflow definition (needs name and tasks)"
             )
-        wf.setdefault("version", 1)
-        wf.setdefault("schemaVersion", 2)
-        wf.setdefault("ownerEmail", "perago@example.com")
+        wf = workflow_def_defaults(wf)
         wf["_source"] = str(path)
         workflows.append(wf)
     if not workflows:
@@ -106,10 +69,10 @@ def register(
 ) -> None:
     """Upsert task definitions, then workflows; a workflow naming an unknown task is an error."""
     if tasks:
-        conductor.register_task_defs([t.conductor_task_def() for t in tasks])
+        conductor.register_tasks(tasks)
     known = {t.name for t in tasks}
     for wf in workflows:
-        for name, ref in _task_names(wf["tasks"]):
+        for name, ref in worker_tasks(wf["tasks"]):
             if name in known:
                 continue
             if not conductor.task_def_exists(name):
@@ -119,6 +82,13 @@ def register(
                     "Conductor; add its module to `perago register`"
                 )
             known.add(name)
+    by_name = {t.name: t for t in tasks}
+    problems = [p for wf in workflows for p in workflow_problems(wf, by_name)]
+    if problems:
+        raise RegistrationError(
+            f"{len(problems)} problem(s) in the workflow definitions; fix them and register "
+            "again:\n  " + "\n  ".join(problems)
+        )
     if workflows:
         conductor.put_workflow_defs(
             [{k: v for k, v in wf.items() if k != "_source"} for wf in workflows]

@@ -6,25 +6,23 @@ the failure matrix of PROTOCOL.md.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perago import failpoints, metrics
-from perago.adapters.conductor import TaskSnapshot
 from perago.config import Settings
 from perago.context import AttemptInfo, _current
 from perago.coord.branch_leases import BranchLeases
-from perago.coord.errors import LeaseLostError
 from perago.errors import (
     AttemptFenceError,
     GuardrailError,
-    Interrupt,
+    LeaseLostError,
     NotFoundError,
     PeragoError,
     PublishFenceError,
@@ -32,14 +30,17 @@ from perago.errors import (
     TaskError,
     WorkerShutdown,
 )
-from perago.publish import AttemptIdentity, AttemptLedger, Publisher, WorkspaceTarget
+from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
+from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.publish.joins import check_contains
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
-from perago.workspace import AttemptDirectory, compute_diff, materialize
+from perago.workspace import AttemptDirectory, ContentCache, compute_diff, materialize
 
-__all__ = ["AttemptRunner", "Outcome", "WorkspaceInput"]
+__all__ = ["SHUTDOWN", "AttemptRunner", "Outcome", "WorkspaceInput", "outcome_of"]
 
-Status = Literal["COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR"]
+#: What an attempt interrupted by the worker's drain reports (Conductor retries it).
+SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
 
 
 class WorkspaceInput(BaseModel):
@@ -49,13 +50,8 @@ class WorkspaceInput(BaseModel):
     repository: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]{2,62}$")
     branch: str = Field(min_length=1, max_length=256, pattern=r"^\w[-\w]*$")
     ref: str | None = Field(default=None, min_length=1, max_length=256)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: Status
-    output: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""
+    #: Join refs: start from the branch head, which must contain each of these commits.
+    after: list[str] | None = Field(default=None, max_length=1000)
 
 
 def _validation_summary(e: ValidationError) -> str:
@@ -66,13 +62,22 @@ def _validation_summary(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _failure(e: BaseException, *, where: str) -> Outcome:
+def outcome_of(e: BaseException, *, where: str, advice: str = "") -> Outcome:
+    """The outcome an attempt that raised ``e`` at step ``where`` reports: the one place an
+    exception becomes FAILED or FAILED_WITH_TERMINAL_ERROR (docs/protocol.md, failure matrix)."""
+    if isinstance(e, WorkerShutdown):
+        return SHUTDOWN
+    if isinstance(e, LeaseLostError):
+        reason = f"{where}: lease lost: {e}; the attempt was cancelled"
+        return Outcome("FAILED", reason=reason)
+    status: Status = "FAILED"
     if isinstance(e, PeragoError):
-        status: Status = "FAILED_WITH_TERMINAL_ERROR" if e.non_retryable else "FAILED"
-        return Outcome(status, reason=f"{where}: {e.message}")
-    lines = traceback.format_exception_only(type(e), e)
-    summary = "".join(lines).strip().splitlines()
-    return Outcome("FAILED", reason=f"{where}: {summary[-1] if summary else type(e).__name__}")
+        status = "FAILED_WITH_TERMINAL_ERROR" if e.non_retryable else "FAILED"
+        what = e.message
+    else:
+        summary = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+        what = summary[-1] if summary else type(e).__name__
+    return Outcome(status, reason=f"{where}: {what}" + (f"; {advice}" if advice else ""))
 
 
 class AttemptRunner:
@@ -90,12 +95,19 @@ class AttemptRunner:
         self._store = store
         self._settings = settings
         self._spark = spark
+        # One cache per worker process, shared by all its attempts (perago.workspace.cache).
+        self.cache = (
+            ContentCache(settings.cache_dir, max_bytes=settings.cache_bytes)
+            if settings.cache_bytes > 0
+            else None
+        )
         self._publisher = Publisher(
             store,
             ledger,
             worker_id=settings.worker_id,
             parallelism=settings.transfer_parallelism,
             leases=leases,
+            cache=self.cache,
         )
 
     def run(self, defn: TaskDefinition[Any, Any], task: TaskSnapshot) -> Outcome:
@@ -106,6 +118,7 @@ class AttemptRunner:
             retry_count=task.retry_count,
             poll_count=task.poll_count,
             task_type=task.task_type,
+            cluster_id=self._settings.cluster_id,
         )
         log: structlog.stdlib.BoundLogger = structlog.get_logger("perago.attempt").bind(
             workflow_id=me.workflow_id,
@@ -117,14 +130,19 @@ class AttemptRunner:
         started = time.monotonic()
         try:
             target, params = self._pre_guardrails(defn, task.input, me)
+            # the scope is recorded in every commit of this attempt (perago.publish.scope)
+            me = dataclasses.replace(me, scope=defn.workspace.render(params))
         except GuardrailError as e:
             log.warning("pre_guardrails_failed", reason=e.message)
-            return _failure(e, where="pre-guardrail")
+            return outcome_of(e, where="pre-guardrail")
         except PeragoError as e:
             log.warning("pre_guardrails_unavailable", reason=e.message)
-            return _failure(e, where="pre-guardrail (store unavailable)")
+            return outcome_of(e, where="pre-guardrail (store unavailable)")
         log = log.bind(
-            repository=target.repository, branch=target.branch, input_ref=target.input_ref
+            repository=target.repository,
+            branch=target.branch,
+            input_ref=target.input_ref,
+            scope=me.scope,
         )
         log.info("pre_guardrails_passed", read_only=defn.workspace.read_only)
         outcome = self._run_checked(defn, me, target, params, log)
@@ -168,8 +186,15 @@ class AttemptRunner:
                 f"branch {ws.branch!r} does not exist in {ws.repository!r}; create it or fix the "
                 "workflow input"
             ) from e
+        if ws.after is not None and ws.ref is not None:
+            raise GuardrailError(
+                'workspace input has both "ref" and "after": a join starts from the branch '
+                'head and checks it contains the "after" refs; drop "ref"'
+            )
         if ws.ref is None:
             input_ref = self._pin_unpinned_ref(ws.repository, head, me)
+            if ws.after:
+                check_contains(self._store, ws.repository, ws.branch, input_ref, ws.after)
         else:
             try:
                 input_ref = self._store.get_commit(ws.repository, ws.ref).id
@@ -204,26 +229,22 @@ class AttemptRunner:
             if defn.workspace.in_place:
                 return self._run_in_place(defn, me, target, params, log, step)
             return self._run_local(defn, me, target, params, log, step)
-        except WorkerShutdown:
+        except WorkerShutdown as e:
             log.warning("attempt_interrupted", step=step[0])
-            return Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+            return outcome_of(e, where=step[0])
         except LeaseLostError as e:
             log.warning("lease_lost", step=step[0], reason=str(e))
-            return Outcome(
-                "FAILED", reason=f"{step[0]}: lease lost: {e}; the attempt was cancelled"
-            )
-        except Interrupt:
-            raise
+            return outcome_of(e, where=step[0])
         except TaskError as e:
             log.warning("task_error", step=step[0], reason=e.message, non_retryable=e.non_retryable)
-            return _failure(e, where=step[0])
+            return outcome_of(e, where=step[0])
         except Exception as e:  # noqa: BLE001 - any failure of user code or I/O fails the attempt
             if isinstance(e, AttemptFenceError):
                 metrics.FENCE_REJECTIONS.labels("attempt").inc()
             elif isinstance(e, PublishFenceError):
                 metrics.FENCE_REJECTIONS.labels("publish").inc()
             log.warning("attempt_failed", step=step[0], error=f"{type(e).__name__}: {e}")
-            return _failure(e, where=step[0])
+            return outcome_of(e, where=step[0])
 
     def _run_local(
         self,
@@ -236,14 +257,16 @@ class AttemptRunner:
     ) -> Outcome:
         """Local projection: download the prefix, run, diff, stage, publish."""
         step[0] = "materialize"
+        prefix = me.scope or defn.workspace.prefix
         with AttemptDirectory(self._settings.work_dir, me.task_id) as attempt_dir:
             manifest = materialize(
                 self._store,
                 target.repository,
                 target.input_ref,
-                defn.workspace.prefix,
+                prefix,
                 attempt_dir.workspace,
                 parallelism=self._settings.transfer_parallelism,
+                cache=self.cache,
             )
             manifest.save(attempt_dir.manifest_path)
             log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
@@ -260,9 +283,7 @@ class AttemptRunner:
             diff = compute_diff(manifest, attempt_dir.workspace)
             log.info("diffed", **diff.summary())
             step[0] = "publish"
-            ref = self._publisher.publish(
-                me, target, defn.workspace.prefix, attempt_dir.workspace, diff, log
-            )
+            ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff, log)
             return self._completed(target, ref, checked)
 
     def _run_in_place(
@@ -277,7 +298,7 @@ class AttemptRunner:
         """In place: the body reads the input ref and writes the staging branch over S3."""
         step[0] = "stage"
         staging = self._publisher.open_in_place(me, target, log)
-        repo, prefix = target.repository, defn.workspace.prefix
+        repo, prefix = target.repository, me.scope or defn.workspace.prefix
         try:
             remote = RemoteWorkspace(
                 input_uri=f"s3a://{repo}/{target.input_ref}/{prefix}",
@@ -288,11 +309,13 @@ class AttemptRunner:
                 prefix=prefix,
             )
             checked = self._body_and_checks(defn, me, target, params, remote, log, step)
-            step[0] = "publish"
-            ref = self._publisher.publish_in_place(me, target, log)
-            return self._completed(target, ref, checked)
-        finally:
+        except BaseException:
             self._publisher.cancel(repo, staging, log)
+            raise
+        step[0] = "publish"
+        # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
+        ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
+        return self._completed(target, ref, checked)
 
     def _body_and_checks(
         self,

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar, overload
 from pydantic import BaseModel
 
 from perago.errors import TaskDefinitionError
+from perago.publish.scope import render_prefix, template_fields
 
 __all__ = ["RemoteWorkspace", "TaskDefinition", "TaskOptions", "WorkspaceSpec", "task"]
 
@@ -70,11 +71,26 @@ class WorkspaceSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
+        template_fields(self.prefix)  # a malformed template fails at import time
         if self.read_only and self.in_place:
             raise TaskDefinitionError(
                 "WorkspaceSpec(read_only=True, in_place=True) makes no sense: a read-only task "
                 "publishes nothing; drop in_place"
             )
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The params fields a templated prefix (``"events/day={day}/"``) is filled from."""
+        return template_fields(self.prefix)
+
+    def render(self, params: BaseModel) -> str:
+        """The attempt's scope: the prefix with its fields filled from ``params``.
+
+        A value that is not one safe path segment is a ``GuardrailError`` (terminal).
+        """
+        if not self.fields:
+            return self.prefix
+        return normalize_prefix(render_prefix(self.prefix, dict(params)))
 
 
 @dataclass(frozen=True)
@@ -127,21 +143,6 @@ class TaskDefinition(Generic[P, R]):
         """Call the body directly (handy in unit tests): no lakeFS, no Conductor."""
         return self.fn(workspace, params, **kwargs)
 
-    def conductor_task_def(self) -> dict[str, Any]:
-        o = self.options
-        return {
-            "name": self.name,
-            "description": o.description or (inspect.getdoc(self.fn) or self.name)[:500],
-            "retryCount": o.retry_count,
-            "retryLogic": "FIXED",
-            "retryDelaySeconds": int(o.retry_delay.total_seconds()),
-            "timeoutSeconds": int(o.timeout.total_seconds()),
-            "responseTimeoutSeconds": int(o.response_timeout.total_seconds()),
-            "timeoutPolicy": "TIME_OUT_WF",
-            "inputKeys": ["workspace", "params"],
-            "outputKeys": ["workspace", "result"],
-        }
-
 
 def _check_model(annotation: Any, what: str, fn_name: str) -> type[BaseModel]:
     if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
@@ -175,6 +176,13 @@ def _inspect(fn: Callable[..., Any], spec: WorkspaceSpec) -> tuple[type[Any], ty
             f"for {mode}, got {ws_type!r}"
         )
     params_type = _check_model(hints.get(params[1].name), "the params parameter", name)
+    missing = [f for f in spec.fields if f not in params_type.model_fields]
+    if missing:
+        raise TaskDefinitionError(
+            f"task function {name!r}: the workspace prefix {spec.prefix!r} is filled from "
+            f"params fields {missing}, which {params_type.__name__} does not declare; add them "
+            "(each a value that is one path segment, e.g. a date string)"
+        )
     result_type = _check_model(hints.get("return"), "the return type", name)
     wants_spark = False
     if len(params) == 3:

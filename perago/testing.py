@@ -1,9 +1,15 @@
-"""Fakes for unit tests of code built on Perago: an in-memory version store and a ledger.
+"""Fakes for unit tests of code built on Perago: an in-memory version store, a stub
+orchestrator and a ledger.
 
 ``MemoryStore`` follows the lakeFS semantics the protocol relies on (checked against the real
 server by the integration suite): merges never fast-forward and fail with a conflict when
 both sides changed a path since the merge base; hard reset is unconditional; tags and
 branches are create-if-absent. It is not a lakeFS emulator: no hooks, no S3 gateway.
+
+``StubOrchestrator`` stands in for Conductor the way dramatiq's ``StubBroker`` stands in for a
+broker: tests submit tasks, a real :class:`perago.worker.Worker` polls them, and every update
+the worker sends is recorded in order. Tests can lose a request or its answer, hold a call
+inside the stub to force an interleaving, time a task out or deliver it again.
 """
 
 from __future__ import annotations
@@ -11,16 +17,19 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Literal
 
-from perago.adapters.conductor import TaskSnapshot
-from perago.errors import ConflictError, NotFoundError, StoreError
+from perago.errors import ConflictError, NotFoundError, OrchestratorError, StoreError
+from perago.orchestrator import IN_PROGRESS, Outcome, TaskSnapshot
 from perago.store import Commit, ObjectInfo
 
-__all__ = ["MemoryStore", "StaticLedger"]
+__all__ = ["Gate", "MemoryStore", "StaticLedger", "StubOrchestrator", "Update"]
 
 
 @dataclass
@@ -123,7 +132,9 @@ class MemoryStore:
                 cid = commit.parents[0] if commit.parents else None
             return out
 
-    def create_branch(self, repository: str, name: str, source: str) -> None:
+    def create_branch(
+        self, repository: str, name: str, source: str, *, hidden: bool = False
+    ) -> None:
         with self._lock:
             repo = self._repo(repository)
             if name in repo.branches:
@@ -205,6 +216,27 @@ class MemoryStore:
             repo.branches[destination] = commit.id
             return commit.id
 
+    def revert(self, repository: str, branch: str, commit: str, *, parent_number: int) -> str:
+        with self._lock:
+            repo = self._repo(repository)
+            undone = repo.commits[commit][0]
+            parent = undone.parents[max(parent_number, 1) - 1]
+            before, after = repo.commits[parent][1], repo.commits[commit][1]
+            head = repo.branches[branch]
+            tree = dict(repo.commits[head][1])
+            for path in set(before) | set(after):
+                if before.get(path) == after.get(path) or tree.get(path) == before.get(path):
+                    continue
+                if tree.get(path) != after.get(path):
+                    raise ConflictError(f"revert conflict on {path}", status=409)
+                if before.get(path) is None:
+                    tree.pop(path, None)
+                else:
+                    tree[path] = before[path]
+            new = self._new_commit(repo, (head,), tree, f"Revert {commit}", {})
+            repo.branches[branch] = new.id
+            return new.id
+
     def hard_reset(
         self, repository: str, branch: str, ref: str, *, timeout: float | None = None
     ) -> None:
@@ -216,9 +248,8 @@ class MemoryStore:
     def list_objects(self, repository: str, ref: str, prefix: str) -> Iterator[ObjectInfo]:
         for path, data in sorted(self.tree(repository, ref).items()):
             if path.startswith(prefix):
-                yield ObjectInfo(
-                    path, len(data), hashlib.md5(data, usedforsecurity=False).hexdigest()
-                )
+                digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+                yield ObjectInfo(path, len(data), digest, physical_address=f"mem://{digest}")
 
     def download(self, repository: str, ref: str, path: str, dest: IO[bytes]) -> None:
         tree = self.tree(repository, ref)
@@ -230,10 +261,11 @@ class MemoryStore:
 
     def upload(
         self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
-    ) -> str:
+    ) -> ObjectInfo:
         data = source.read_bytes()
         self.upload_bytes(repository, branch, path, data, if_absent=if_absent)
-        return hashlib.md5(data, usedforsecurity=False).hexdigest()
+        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        return ObjectInfo(path, len(data), digest, physical_address=f"mem://{digest}")
 
     def upload_bytes(
         self, repository: str, branch: str, path: str, data: bytes, *, if_absent: bool = False
@@ -254,6 +286,11 @@ class MemoryStore:
         with self._lock:
             return bool(self._repo(repository).staged.get(branch))
 
+    def uncommitted_outside(self, repository: str, branch: str, prefix: str) -> list[str]:
+        with self._lock:
+            staged = self._repo(repository).staged.get(branch) or {}
+            return sorted(p for p in staged if not p.startswith(prefix))
+
 
 class StaticLedger:
     """An attempt ledger whose answers the test sets (``snapshots[task_id]``)."""
@@ -266,3 +303,356 @@ class StaticLedger:
 
     def set_status(self, task_id: str, status: str) -> None:
         self.snapshots[task_id] = replace(self.snapshots[task_id], status=status)
+
+
+Call = Literal["poll", "get_task", "extend", "report"]
+
+
+@dataclass(frozen=True)
+class Update:
+    """One update a worker sent, in the order the stub received them."""
+
+    kind: Literal["extend", "report"]
+    task_id: str
+    worker_id: str
+    outcome: Outcome | None = None  # None for an extension
+
+
+@dataclass
+class _Fault:
+    call: Call
+    task_id: str | None
+    applied: bool
+    times: int
+    error: BaseException | None
+
+
+class Gate:
+    """Holds calls of one kind inside the stub until released (see :meth:`StubOrchestrator.hold`).
+
+    A held update has read the task already and writes when released: with
+    ``StubOrchestrator(racy_updates=True)`` a held extension then writes its stale
+    IN_PROGRESS over a report that landed meanwhile, as the real server can.
+    """
+
+    def __init__(
+        self,
+        call: Call,
+        task_id: str | None,
+        release_on: Call | None,
+        release_after: float | None,
+    ) -> None:
+        self.call, self.task_id, self.release_on = call, task_id, release_on
+        self.release_after = release_after
+        self.arrived = threading.Event()
+        self.done = threading.Event()  # the held call has taken effect
+        self._open = threading.Event()
+
+    def release(self) -> None:
+        self._open.set()
+
+    @property
+    def released(self) -> bool:
+        return self._open.is_set()
+
+    def _wait(self, timeout: float) -> None:
+        self.arrived.set()
+        start = time.monotonic()
+        # Short waits: an Interrupt raised into this thread must get through (worker drain).
+        while not self._open.wait(0.01):
+            held = time.monotonic() - start
+            if self.release_after is not None and held >= self.release_after:
+                return
+            if held > timeout:
+                raise AssertionError(f"gate on {self.call} was never released")
+
+
+@dataclass
+class _Task:
+    snapshot: TaskSnapshot
+    retries_left: int
+    outcome: Outcome | None = None
+
+
+class StubOrchestrator:
+    """An in-memory :class:`perago.orchestrator.Orchestrator` with Conductor's semantics.
+
+    A polled task is IN_PROGRESS for the poller with its poll count raised; a report or an
+    extension of a terminal task is ignored and answered as if it worked (as Conductor does);
+    a task reported FAILED or timed out is retried as a new task id while its retry budget
+    lasts; ``FAILED_WITH_TERMINAL_ERROR`` never is.
+    """
+
+    def __init__(self, *, racy_updates: bool = False, gate_timeout: float = 30.0) -> None:
+        self.racy_updates = racy_updates
+        self.updates: list[Update] = []
+        self.gets: list[str] = []
+        self._tasks: dict[str, _Task] = {}
+        self._queues: dict[str, deque[str]] = {}
+        self._faults: list[_Fault] = []
+        self._gates: list[Gate] = []
+        self._waiting: list[Gate] = []
+        self._gate_timeout = gate_timeout
+        self._cond = threading.Condition(threading.RLock())
+        self._clock = itertools.count(1)
+
+    # -- scripting -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        task_type: str,
+        task_input: dict[str, Any],
+        *,
+        workflow_id: str | None = None,
+        reference_name: str | None = None,
+        retries: int = 0,
+        response_timeout_seconds: int = 0,
+    ) -> str:
+        """Schedule a task (the first attempt of a workflow step); returns its task id."""
+        snapshot = TaskSnapshot(
+            task_id=uuid.uuid4().hex,
+            task_type=task_type,
+            reference_name=reference_name or task_type,
+            workflow_id=workflow_id or uuid.uuid4().hex,
+            status="SCHEDULED",
+            retry_count=0,
+            poll_count=0,
+            worker_id="",
+            response_timeout_seconds=response_timeout_seconds,
+            input=dict(task_input),
+        )
+        with self._cond:
+            self._schedule(snapshot, retries)
+            return snapshot.task_id
+
+    def _schedule(self, snapshot: TaskSnapshot, retries: int) -> None:
+        self._tasks[snapshot.task_id] = _Task(snapshot, retries)
+        self._queues.setdefault(snapshot.task_type, deque()).append(snapshot.task_id)
+        self._cond.notify_all()
+
+    def _set(self, task_id: str, **changes: Any) -> TaskSnapshot:
+        entry = self._tasks[task_id]
+        entry.snapshot = replace(entry.snapshot, update_time_ms=next(self._clock), **changes)
+        self._cond.notify_all()
+        return entry.snapshot
+
+    def _end(self, task_id: str, status: str, outcome: Outcome | None) -> None:
+        entry = self._tasks[task_id]
+        self._set(task_id, status=status, terminal=True)
+        entry.outcome = outcome
+        if status in ("FAILED", "TIMED_OUT") and entry.retries_left > 0:
+            old = entry.snapshot
+            retry = replace(
+                old,
+                task_id=uuid.uuid4().hex,
+                status="SCHEDULED",
+                retry_count=old.retry_count + 1,
+                poll_count=0,
+                worker_id="",
+                terminal=False,
+            )
+            self._schedule(retry, entry.retries_left - 1)
+
+    def time_out(self, task_id: str) -> None:
+        """The response timeout ran out: TIMED_OUT, retried while the budget lasts."""
+        with self._cond:
+            self._end(task_id, "TIMED_OUT", None)
+
+    def redeliver(self, task_id: str) -> None:
+        """Put the same task id back in the queue; the next poll raises its poll count."""
+        with self._cond:
+            self._set(task_id, status="SCHEDULED", worker_id="")
+            self._queues.setdefault(self._tasks[task_id].snapshot.task_type, deque()).append(
+                task_id
+            )
+
+    def fail(
+        self,
+        call: Call,
+        *,
+        task_id: str | None = None,
+        applied: bool = False,
+        times: int = 1,
+        error: BaseException | None = None,
+    ) -> None:
+        """Make the next ``times`` calls of ``call`` raise ``error`` (default: an
+        OrchestratorError, HTTP 503).
+
+        ``applied=False``: the request is lost (nothing changes); ``applied=True``: the
+        request takes effect and only its answer is lost.
+        """
+        with self._cond:
+            self._faults.append(_Fault(call, task_id, applied, times, error))
+
+    def hold(
+        self,
+        call: Call,
+        *,
+        task_id: str | None = None,
+        release_on: Call | None = None,
+        release_after: float | None = None,
+    ) -> Gate:
+        """Hold the next ``call`` inside the stub until the gate is released, until a
+        ``release_on`` call (of the same task, when ``task_id`` is given) has been applied, or
+        for ``release_after`` seconds (a delayed request: whatever the worker sends meanwhile
+        overtakes it)."""
+        gate = Gate(call, task_id, release_on, release_after)
+        with self._cond:
+            self._gates.append(gate)
+        return gate
+
+    # -- inspection ------------------------------------------------------------------------
+
+    def task(self, task_id: str) -> TaskSnapshot:
+        with self._cond:
+            return self._tasks[task_id].snapshot
+
+    def outcome(self, task_id: str) -> Outcome | None:
+        """The outcome the task ended with (None while it runs, or when it timed out)."""
+        with self._cond:
+            return self._tasks[task_id].outcome
+
+    def attempts(self, workflow_id: str, reference_name: str | None = None) -> list[TaskSnapshot]:
+        """Every task of a workflow (step), in the order they were scheduled."""
+        with self._cond:
+            return [
+                t.snapshot
+                for t in self._tasks.values()
+                if t.snapshot.workflow_id == workflow_id
+                and reference_name in (None, t.snapshot.reference_name)
+            ]
+
+    def reports(self, task_id: str | None = None) -> list[Update]:
+        with self._cond:
+            return [u for u in self.updates if u.kind == "report" and task_id in (None, u.task_id)]
+
+    def wait_for(
+        self, predicate: Callable[[StubOrchestrator], bool], *, timeout: float = 30.0
+    ) -> None:
+        """Block until ``predicate(self)`` holds (re-checked on every change)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"stub orchestrator: condition not met in {timeout}s")
+                self._cond.wait(min(left, 0.05))
+
+    def settled(self, workflow_id: str) -> bool:
+        """Every task of the workflow is terminal and none is scheduled or running."""
+        tasks = self.attempts(workflow_id)
+        return bool(tasks) and all(t.terminal for t in tasks)
+
+    def final(self, workflow_id: str, reference_name: str | None = None) -> TaskSnapshot:
+        """The last attempt of a workflow step."""
+        return self.attempts(workflow_id, reference_name)[-1]
+
+    # -- faults and gates ------------------------------------------------------------------
+
+    def _fault(self, call: Call, task_id: str | None) -> _Fault | None:
+        for fault in self._faults:
+            if fault.call == call and fault.task_id in (None, task_id):
+                fault.times -= 1
+                if fault.times <= 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
+
+    def _gate(self, call: Call, task_id: str | None) -> Gate | None:
+        for gate in self._gates:
+            if gate.call == call and gate.task_id in (None, task_id):
+                self._gates.remove(gate)
+                return gate
+        return None
+
+    def _enter(self, call: Call, task_id: str | None) -> tuple[_Fault | None, Gate | None]:
+        with self._cond:
+            return self._fault(call, task_id), self._gate(call, task_id)
+
+    @staticmethod
+    def _raise(call: Call, task_id: str | None, fault: _Fault) -> None:
+        if fault.error is not None:
+            raise fault.error
+        raise OrchestratorError(
+            f"stub orchestrator: {call} {task_id or ''} failed on purpose (HTTP 503)", status=503
+        )
+
+    # -- Orchestrator ----------------------------------------------------------------------
+
+    def poll(self, task_type: str, *, worker_id: str, count: int) -> list[TaskSnapshot]:
+        fault, _ = self._enter("poll", None)
+        if fault is not None and not fault.applied:
+            self._raise("poll", None, fault)
+        out: list[TaskSnapshot] = []
+        with self._cond:
+            queue = self._queues.get(task_type, deque())
+            while queue and len(out) < count:
+                task_id = queue.popleft()
+                old = self._tasks[task_id].snapshot
+                out.append(
+                    self._set(
+                        task_id,
+                        status=IN_PROGRESS,
+                        poll_count=old.poll_count + 1,
+                        worker_id=worker_id,
+                    )
+                )
+        if fault is not None:
+            self._raise("poll", None, fault)
+        return out
+
+    def get_task(self, task_id: str) -> TaskSnapshot | None:
+        fault, _ = self._enter("get_task", task_id)
+        if fault is not None:
+            self._raise("get_task", task_id, fault)
+        with self._cond:
+            self.gets.append(task_id)
+            entry = self._tasks.get(task_id)
+            return None if entry is None else entry.snapshot
+
+    def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
+        self._update(Update("extend", task.task_id, worker_id))
+
+    def report(self, task: TaskSnapshot, outcome: Outcome, *, worker_id: str) -> None:
+        self._update(Update("report", task.task_id, worker_id, outcome))
+
+    def _update(self, update: Update) -> None:
+        call: Call = update.kind
+        with self._cond:
+            self.updates.append(update)
+            self._cond.notify_all()
+            if update.task_id not in self._tasks:
+                raise OrchestratorError(f"task {update.task_id} not found", status=404)
+            read = self._tasks[update.task_id].snapshot
+        fault, gate = self._enter(call, update.task_id)
+        if fault is not None and not fault.applied:
+            self._raise(call, update.task_id, fault)
+        if gate is not None:
+            with self._cond:
+                self._waiting.append(gate)
+            try:
+                gate._wait(self._gate_timeout)
+            finally:
+                with self._cond:
+                    self._waiting.remove(gate)
+        with self._cond:
+            now = self._tasks[update.task_id].snapshot
+            if update.outcome is not None:
+                if not now.terminal:
+                    self._end(update.task_id, update.outcome.status, update.outcome)
+            elif self.racy_updates and not read.terminal:
+                # The extension read the task before a report landed and writes it back.
+                self._tasks[update.task_id].outcome = None
+                self._set(update.task_id, status=IN_PROGRESS, terminal=False)
+            elif not now.terminal:
+                self._set(update.task_id)
+            self._release_after(call, update.task_id)
+            if gate is not None:
+                gate.done.set()
+        if fault is not None:
+            self._raise(call, update.task_id, fault)
+
+    def _release_after(self, call: Call, task_id: str) -> None:
+        for gate in self._waiting + self._gates:
+            if gate.release_on == call and gate.task_id in (None, task_id):
+                gate.release()

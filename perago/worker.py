@@ -1,7 +1,8 @@
-"""The Conductor worker: poll, run attempts concurrently, extend leases, drain on SIGTERM.
+"""The worker: poll, run attempts concurrently, extend response timeouts, drain on SIGTERM.
 
 conductor-python's TaskHandler has no drain, no attempt fencing and forks per task type, so
-Perago runs its own small loop and uses the SDK only for HTTP.
+Perago runs its own small loop against the :class:`perago.orchestrator.Orchestrator`
+protocol (Conductor in production, ``perago.testing.StubOrchestrator`` in unit tests).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import Any
 import structlog
 
 from perago import failpoints, metrics
-from perago.adapters.conductor import ConductorClient, TaskSnapshot
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.health import HealthServer
-from perago.runtime import AttemptRunner, Outcome
+from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
+from perago.report import Landing, TaskUpdates
+from perago.runtime import AttemptRunner, outcome_of
 from perago.store import VersionStore
 from perago.task import TaskDefinition
 
@@ -50,7 +52,7 @@ class Worker:
         *,
         settings: Settings,
         store: VersionStore,
-        conductor: ConductorClient,
+        orchestrator: Orchestrator,
         spark: Any = None,
         http_port: int | None = None,
         leases: BranchLeases | None = None,
@@ -63,11 +65,11 @@ class Worker:
             raise ConfigError(f"task names must be unique in one worker, repeated: {duplicates}")
         self._tasks = {t.name: t for t in tasks}
         self._settings = settings
-        self._conductor = conductor
+        self._orchestrator = orchestrator
         self._spark = spark
         self._store = store
         self._leases = leases
-        self._runner = AttemptRunner(store, conductor, settings, spark=spark, leases=leases)
+        self._runner = AttemptRunner(store, orchestrator, settings, spark=spark, leases=leases)
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.Condition()
         self._draining = threading.Event()
@@ -144,7 +146,12 @@ class Worker:
 
         try:
             repositories = self._store.list_repositories()
-            report = sweep(self._store, self._conductor, repositories=repositories)
+            report = sweep(
+                self._store,
+                self._orchestrator,
+                repositories=repositories,
+                cluster_id=self._settings.cluster_id,
+            )
             log.info("janitor_pass_done", removed=len(report.removed), kept=len(report.kept))
             if self._leases is not None:
                 leases = sweep_leases(
@@ -178,8 +185,8 @@ class Worker:
                 if self._draining.is_set() or free <= 0:
                     break
                 try:
-                    polled = self._conductor.batch_poll(
-                        name, worker_id=self._settings.worker_id, count=free, timeout_ms=100
+                    polled = self._orchestrator.poll(
+                        name, worker_id=self._settings.worker_id, count=free
                     )
                     failures = 0
                 except PeragoError as e:
@@ -188,8 +195,8 @@ class Worker:
                     log.warning("poll_failed", task_type=name, error=e.message, retry_in=backoff)
                     self._draining.wait(backoff)
                     break
-                for raw in polled:
-                    self._start(TaskSnapshot.from_json(raw))
+                for snapshot in polled:
+                    self._start(snapshot)
                     free -= 1
                     got_any = True
             if not got_any:
@@ -212,70 +219,111 @@ class Worker:
         with self._lock:
             self._inflight[snapshot.task_id].ident = threading.get_ident()
         metrics.IN_FLIGHT.inc()
-        stop_lease = threading.Event()
-        lease = threading.Thread(
-            target=self._extend_lease,
-            args=(snapshot, stop_lease),
-            daemon=True,
-            name=f"perago-lease-{snapshot.task_id}",
+        worker_id = self._settings.worker_id
+        updates = TaskUpdates(
+            snapshot,
+            extend=lambda: self._orchestrator.extend(snapshot, worker_id=worker_id),
+            read=lambda: self._orchestrator.get_task(snapshot.task_id),
         )
-        lease.start()
+        stop_extending = threading.Event()
+        extender = threading.Thread(
+            target=self._extend_response_timeout,
+            args=(snapshot, updates, stop_extending),
+            daemon=True,
+            name=f"perago-extend-{snapshot.task_id}",
+        )
+        extender.start()
+        step = "run"
         try:
             try:
                 outcome = self._runner.run(self._tasks[snapshot.task_type], snapshot)
-            except WorkerShutdown:
-                outcome = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
-            stop_lease.set()
+            except WorkerShutdown as e:
+                outcome = outcome_of(e, where="run")
+            except Exception as e:  # never a dead attempt without a report
+                log.exception(
+                    "attempt_crashed", workflow_id=snapshot.workflow_id, task_id=snapshot.task_id
+                )
+                metrics.REPORT_PROBLEMS.labels("runner_crashed").inc()
+                outcome = outcome_of(
+                    e,
+                    where="internal error in the worker",
+                    advice="report it to the Perago maintainers (Conductor retries the task)",
+                )
+            stop_extending.set()
             metrics.ATTEMPTS.labels(snapshot.task_type, outcome.status).inc()
-            self._report(snapshot, outcome)
+            step = "report"
+            self._report(snapshot, outcome, updates)
+            step = "after report"
             failpoints.hit("after_complete")
-        except Interrupt:
-            pass
+        except Interrupt as e:
+            # The drain interrupted the attempt in its report (or after it): without a report
+            # Conductor times the attempt out and retries it; the retry decides from HEAD.
+            metrics.REPORT_PROBLEMS.labels("interrupted").inc()
+            log.warning(
+                "attempt_interrupted",
+                reported=step == "after report",
+                workflow_id=snapshot.workflow_id,
+                task_id=snapshot.task_id,
+                retry_count=snapshot.retry_count,
+                step=step,
+                interrupt=type(e).__name__,
+            )
         finally:
-            stop_lease.set()
+            stop_extending.set()
             metrics.IN_FLIGHT.dec()
             with self._lock:
                 self._inflight.pop(snapshot.task_id, None)
                 self._lock.notify_all()
 
-    def _extend_lease(self, snapshot: TaskSnapshot, stop: threading.Event) -> None:
+    def _extend_response_timeout(
+        self, snapshot: TaskSnapshot, updates: TaskUpdates, stop: threading.Event
+    ) -> None:
+        """Tell the orchestrator every third of the response timeout that the attempt lives."""
         timeout = snapshot.response_timeout_seconds
         if timeout <= 0:
             return
-        interval = max(1.0, timeout / 3)
-        while not stop.wait(interval):
+        interval = self._settings.extension_interval
+        every = interval.total_seconds() if interval else max(1.0, timeout / 3)
+        while not stop.wait(every):
             try:
-                self._conductor.extend_lease(
-                    snapshot.task_id, snapshot.workflow_id, self._settings.worker_id
-                )
+                if not updates.extend():
+                    return
                 metrics.LEASE_EXTENSIONS.labels("ok").inc()
-                log.debug("lease_extended", task_id=snapshot.task_id)
+                log.debug("response_timeout_extended", task_id=snapshot.task_id)
             except PeragoError as e:
                 metrics.LEASE_EXTENSIONS.labels("failed").inc()
-                log.warning("lease_extension_failed", task_id=snapshot.task_id, error=e.message)
+                log.warning(
+                    "response_timeout_extension_failed", task_id=snapshot.task_id, error=e.message
+                )
 
-    def _report(self, snapshot: TaskSnapshot, outcome: Outcome) -> None:
-        body: dict[str, Any] = {
-            "taskId": snapshot.task_id,
-            "workflowInstanceId": snapshot.workflow_id,
-            "workerId": self._settings.worker_id,
+    def _report(self, snapshot: TaskSnapshot, outcome: Outcome, updates: TaskUpdates) -> None:
+        fields = {
+            "workflow_id": snapshot.workflow_id,
+            "task_id": snapshot.task_id,
+            "retry_count": snapshot.retry_count,
             "status": outcome.status,
-            "outputData": outcome.output,
         }
-        if outcome.reason:
-            body["reasonForIncompletion"] = outcome.reason[:2000]
         try:
-            self._conductor.update_task(body)
-            log.info(
-                "attempt_reported",
-                workflow_id=snapshot.workflow_id,
-                task_id=snapshot.task_id,
-                retry_count=snapshot.retry_count,
-                status=outcome.status,
+            landed = updates.report(
+                outcome.status,
+                lambda: self._orchestrator.report(
+                    snapshot, outcome, worker_id=self._settings.worker_id
+                ),
             )
         except PeragoError as e:
             # Conductor times the attempt out and retries it; the retry decides from HEAD.
-            log.error("report_failed", task_id=snapshot.task_id, error=e.message)
+            metrics.REPORT_PROBLEMS.labels("report_failed").inc()
+            log.error("report_failed", error=e.message, **fields)
+            return
+        except Exception as e:  # logged and counted, never silent
+            metrics.REPORT_PROBLEMS.labels("report_crashed").inc()
+            log.exception("report_failed", error=f"{type(e).__name__}: {e}", **fields)
+            return
+        if landed is Landing.LANDED:
+            log.info("attempt_reported", **fields)
+            return
+        metrics.REPORT_PROBLEMS.labels(f"report_{landed.value}").inc()
+        log.warning("report_not_shown", landing=landed.value, **fields)
 
     # -- drain ----------------------------------------------------------------------------------
 

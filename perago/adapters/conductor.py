@@ -1,14 +1,17 @@
-"""The only module that talks to Conductor.
+"""The only module that talks to Conductor, or knows a word of its JSON.
 
-It uses conductor-python's HTTP client (connection handling, auth) but exchanges plain JSON,
-so the rest of Perago never sees the SDK's generated models. Errors become
+:class:`ConductorClient` implements :class:`perago.orchestrator.Orchestrator`. It uses
+conductor-python's HTTP client (connection handling, auth) but exchanges plain JSON, so the
+rest of Perago never sees the SDK's generated models; task definitions, task and workflow
+states and workflow task types are spelled here too. Errors become
 :class:`perago.errors.OrchestratorError`.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,8 +23,19 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 
 from perago.config import Settings
 from perago.errors import OrchestratorError
+from perago.orchestrator import Outcome, TaskSnapshot
+from perago.task import TaskDefinition
 
-__all__ = ["ConductorClient", "TaskSnapshot"]
+__all__ = [
+    "NON_WORKER_TYPES",
+    "ConductorClient",
+    "TaskSnapshot",
+    "WorkflowRun",
+    "task_def",
+    "task_snapshot",
+    "worker_tasks",
+    "workflow_def_defaults",
+]
 
 T = TypeVar("T")
 _JSON = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -41,37 +55,159 @@ _retry = retry(
 )
 
 
-@dataclass(frozen=True)
-class TaskSnapshot:
-    """The fields of a Conductor task that attempt fencing and execution need."""
+#: Task states after which a task never changes again.
+_TERMINAL_TASK = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "FAILED_WITH_TERMINAL_ERROR",
+        "TIMED_OUT",
+        "CANCELED",
+        "SKIPPED",
+        "COMPLETED_WITH_ERRORS",
+    }
+)
 
-    task_id: str
-    task_type: str
-    reference_name: str
+#: Workflow states after which `perago run --wait` stops waiting.
+_WORKFLOW_TERMINAL = frozenset({"COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED", "PAUSED"})
+
+#: Workflow task types the server runs itself: no worker polls for them.
+NON_WORKER_TYPES = frozenset(
+    {
+        "SWITCH",
+        "DECISION",
+        "FORK_JOIN",
+        "FORK_JOIN_DYNAMIC",
+        "JOIN",
+        "DO_WHILE",
+        "SUB_WORKFLOW",
+        "SET_VARIABLE",
+        "TERMINATE",
+        "WAIT",
+        "HTTP",
+        "INLINE",
+        "JSON_JQ_TRANSFORM",
+        "EVENT",
+        "HUMAN",
+        "DYNAMIC",
+        "START_WORKFLOW",
+        "KAFKA_PUBLISH",
+        "NOOP",
+    }
+)
+
+#: Conductor keeps at most this much of a failure reason.
+_MAX_REASON = 2000
+
+
+@dataclass(frozen=True)
+class WorkflowRun:
+    """A workflow execution as `perago run --wait` shows it."""
+
     workflow_id: str
     status: str
-    retry_count: int
-    poll_count: int
-    worker_id: str
-    response_timeout_seconds: int
-    input: dict[str, Any]
-    update_time_ms: int = 0
+    output: dict[str, Any]
+    steps: tuple[str, ...]  # "<task ref>:<status>", in order
+    failure: str  # the last failed step and its reason, or the workflow's reason
+
+    @property
+    def ended(self) -> bool:
+        return self.status in _WORKFLOW_TERMINAL
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "COMPLETED"
 
     @classmethod
-    def from_json(cls, t: dict[str, Any]) -> TaskSnapshot:
+    def from_json(cls, wf: dict[str, Any]) -> WorkflowRun:
+        tasks = list(wf.get("tasks") or [])
         return cls(
-            task_id=str(t.get("taskId", "")),
-            task_type=str(t.get("taskDefName") or t.get("taskType") or ""),
-            reference_name=str(t.get("referenceTaskName", "")),
-            workflow_id=str(t.get("workflowInstanceId", "")),
-            status=str(t.get("status", "")),
-            retry_count=int(t.get("retryCount") or 0),
-            poll_count=int(t.get("pollCount") or 0),
-            worker_id=str(t.get("workerId") or ""),
-            response_timeout_seconds=int(t.get("responseTimeoutSeconds") or 0),
-            input=dict(t.get("inputData") or {}),
-            update_time_ms=int(t.get("updateTime") or t.get("endTime") or 0),
+            workflow_id=str(wf.get("workflowId", "")),
+            status=str(wf.get("status", "")),
+            output=dict(wf.get("output") or {}),
+            steps=tuple(f"{t.get('referenceTaskName')}:{t.get('status')}" for t in tasks),
+            failure=_failure(wf, tasks),
         )
+
+
+def _failure(wf: dict[str, Any], tasks: list[dict[str, Any]]) -> str:
+    for t in reversed(tasks):
+        if t.get("status") not in ("COMPLETED", "IN_PROGRESS", "SCHEDULED"):
+            return (
+                f"task {t.get('referenceTaskName')} ({t.get('taskType')}) "
+                f"{t.get('status')} after {int(t.get('retryCount') or 0) + 1} attempt(s): "
+                f"{t.get('reasonForIncompletion') or 'no reason given'}"
+            )
+    return str(wf.get("reasonForIncompletion") or "no reason given")
+
+
+def task_snapshot(t: dict[str, Any]) -> TaskSnapshot:
+    """A Conductor task JSON as the orchestrator-neutral :class:`TaskSnapshot`."""
+    status = str(t.get("status", ""))
+    return TaskSnapshot(
+        task_id=str(t.get("taskId", "")),
+        task_type=str(t.get("taskDefName") or t.get("taskType") or ""),
+        reference_name=str(t.get("referenceTaskName", "")),
+        workflow_id=str(t.get("workflowInstanceId", "")),
+        status=status,
+        retry_count=int(t.get("retryCount") or 0),
+        poll_count=int(t.get("pollCount") or 0),
+        worker_id=str(t.get("workerId") or ""),
+        response_timeout_seconds=int(t.get("responseTimeoutSeconds") or 0),
+        input=dict(t.get("inputData") or {}),
+        update_time_ms=int(t.get("updateTime") or t.get("endTime") or 0),
+        terminal=status in _TERMINAL_TASK,
+    )
+
+
+def task_def(defn: TaskDefinition[Any, Any]) -> dict[str, Any]:
+    """The Conductor task definition of a Perago task."""
+    o = defn.options
+    return {
+        "name": defn.name,
+        "description": o.description or (inspect.getdoc(defn.fn) or defn.name)[:500],
+        "retryCount": o.retry_count,
+        "retryLogic": "FIXED",
+        "retryDelaySeconds": int(o.retry_delay.total_seconds()),
+        "timeoutSeconds": int(o.timeout.total_seconds()),
+        "responseTimeoutSeconds": int(o.response_timeout.total_seconds()),
+        "timeoutPolicy": "TIME_OUT_WF",
+        "inputKeys": ["workspace", "params"],
+        "outputKeys": ["workspace", "result"],
+    }
+
+
+def worker_tasks(tasks: Iterable[dict[str, Any]]) -> Iterator[tuple[str, str]]:
+    """(task type, reference name) of every worker task of a workflow's task list, nested
+    ones (fork branches, loops, switch cases) included."""
+    for t in tasks:
+        kind = str(t.get("type", "SIMPLE")).upper()
+        if kind not in NON_WORKER_TYPES:
+            yield str(t.get("name", "")), str(t.get("taskReferenceName", ""))
+        for branch in t.get("forkTasks") or []:
+            yield from worker_tasks(branch)
+        for nested_key in ("loopOver", "defaultCase"):
+            yield from worker_tasks(t.get(nested_key) or [])
+        for case in (t.get("decisionCases") or {}).values():
+            yield from worker_tasks(case)
+
+
+def workflow_def_defaults(wf: dict[str, Any]) -> dict[str, Any]:
+    """A workflow definition with the fields Conductor requires filled in when missing."""
+    return {"version": 1, "schemaVersion": 2, "ownerEmail": "perago@example.com", **wf}
+
+
+def _update_body(task: TaskSnapshot, worker_id: str, outcome: Outcome) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "taskId": task.task_id,
+        "workflowInstanceId": task.workflow_id,
+        "workerId": worker_id,
+        "status": outcome.status,
+        "outputData": outcome.output,
+    }
+    if outcome.reason:
+        body["reasonForIncompletion"] = outcome.reason[:_MAX_REASON]
+    return body
 
 
 class ConductorClient:
@@ -120,11 +256,10 @@ class ConductorClient:
         except json.JSONDecodeError:
             return text
 
-    # -- worker side ---------------------------------------------------------------------
+    # -- worker side (perago.orchestrator.Orchestrator) ------------------------------------
 
-    def batch_poll(
-        self, task_type: str, *, worker_id: str, count: int, timeout_ms: int
-    ) -> list[dict[str, Any]]:
+    def poll(self, task_type: str, *, worker_id: str, count: int) -> list[TaskSnapshot]:
+        timeout_ms = 100
         result = self._call(
             "GET",
             f"/tasks/poll/batch/{task_type}",
@@ -132,7 +267,7 @@ class ConductorClient:
             timeout=self._timeout + timeout_ms / 1000,
             what=f"poll {task_type}",
         )
-        return list(result or [])
+        return [task_snapshot(t) for t in result or []]
 
     @_retry
     def get_task(self, task_id: str) -> TaskSnapshot | None:
@@ -142,29 +277,37 @@ class ConductorClient:
             if e.status == 404:
                 return None
             raise
-        return TaskSnapshot.from_json(t) if t else None
+        return task_snapshot(t) if t else None
 
-    @_retry
-    def update_task(self, result: dict[str, Any]) -> None:
-        """Report a task result (v1 endpoint: it never hands back another task)."""
-        self._call("POST", "/tasks", body=result, what=f"update task {result.get('taskId')}")
+    def report(self, task: TaskSnapshot, outcome: Outcome, *, worker_id: str) -> None:
+        self._update(_update_body(task, worker_id, outcome))
 
-    def extend_lease(self, task_id: str, workflow_id: str, worker_id: str) -> None:
-        self.update_task(
+    def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
+        """Conductor's ``extendLease`` update: resets the task's response timeout."""
+        self._update(
             {
-                "taskId": task_id,
-                "workflowInstanceId": workflow_id,
+                "taskId": task.task_id,
+                "workflowInstanceId": task.workflow_id,
                 "workerId": worker_id,
                 "status": "IN_PROGRESS",
                 "extendLease": True,
             }
         )
 
+    @_retry
+    def _update(self, body: dict[str, Any]) -> None:
+        """Update a task (v1 endpoint: it never hands back another task)."""
+        self._call("POST", "/tasks", body=body, what=f"update task {body.get('taskId')}")
+
     # -- definitions ---------------------------------------------------------------------
 
     @_retry
     def register_task_defs(self, defs: list[dict[str, Any]]) -> None:
         self._call("POST", "/metadata/taskdefs", body=defs, what="register task definitions")
+
+    def register_tasks(self, tasks: Sequence[TaskDefinition[Any, Any]]) -> None:
+        """Upsert the task definitions of Perago tasks."""
+        self.register_task_defs([task_def(t) for t in tasks])
 
     @_retry
     def task_def_exists(self, name: str) -> bool:
@@ -200,6 +343,9 @@ class ConductorClient:
             what=f"get workflow {workflow_id}",
         )
         return dict(result or {})
+
+    def workflow_run(self, workflow_id: str) -> WorkflowRun:
+        return WorkflowRun.from_json(self.get_workflow(workflow_id))
 
     def terminate_workflow(self, workflow_id: str, reason: str) -> None:
         self._call(

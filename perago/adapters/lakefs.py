@@ -22,7 +22,7 @@ from lakefs_sdk.exceptions import ApiException
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from perago.config import Settings
-from perago.errors import ConflictError, NotFoundError, StoreError
+from perago.errors import ConflictError, NotFoundError, StoreError, WorkspaceError
 from perago.store import Commit, ObjectInfo
 
 __all__ = ["LakeFSStore"]
@@ -193,12 +193,15 @@ class LakeFSStore:
         return [_commit(c) for c in result.results]
 
     @_retry_idempotent
-    def create_branch(self, repository: str, name: str, source: str) -> None:
+    def create_branch(
+        self, repository: str, name: str, source: str, *, hidden: bool = False
+    ) -> None:
+        """``hidden``: left out of users' branch lists (lakeFS UI, ``lakectl branch list``)."""
         self._call(
             f"create branch {repository}/{name}",
             self.branches.create_branch,
             repository,
-            lakefs_sdk.BranchCreation(name=name, source=source),
+            lakefs_sdk.BranchCreation(name=name, source=source, hidden=hidden),
         )
 
     @_retry_idempotent
@@ -210,6 +213,7 @@ class LakeFSStore:
 
     @_retry_idempotent
     def list_branches(self, repository: str, *, prefix: str = "") -> list[tuple[str, str]]:
+        """Every branch, hidden ones included (Perago's staging and coordination branches)."""
         found: list[tuple[str, str]] = []
         after = ""
         while True:
@@ -220,6 +224,7 @@ class LakeFSStore:
                 prefix=prefix or None,
                 after=after or None,
                 amount=1000,
+                show_hidden=True,
             )
             found.extend((r.id, r.commit_id) for r in page.results)
             if not page.pagination.has_more:
@@ -236,6 +241,38 @@ class LakeFSStore:
             amount=1,
         )
         return bool(page.results)
+
+    @_retry_idempotent
+    def uncommitted_outside(self, repository: str, branch: str, prefix: str) -> list[str]:
+        # One diff page per folder on the way to the prefix, grouped by "/": at each level at
+        # most one entry (the next folder) is on the way, so a short page sees any stray path,
+        # however much was written inside the prefix.
+        levels = [""] + [
+            "/".join(prefix.split("/")[: n + 1]) + "/" for n in range(prefix.count("/"))
+        ]
+        for level in levels:
+            if level == prefix:
+                break
+            page = self._call(
+                f"diff branch {repository}/{branch}",
+                self.branches.diff_branch,
+                repository,
+                branch,
+                prefix=level or None,
+                delimiter="/",
+                amount=20,
+            )
+            outside = [
+                d.path
+                for d in page.results
+                if not (
+                    (d.path.endswith("/") and prefix.startswith(d.path))
+                    or d.path.startswith(prefix)
+                )
+            ]
+            if outside:
+                return outside
+        return []
 
     @_retry_idempotent
     def create_tag(self, repository: str, tag: str, ref: str) -> None:
@@ -286,6 +323,21 @@ class LakeFSStore:
         )
         return str(result.reference)
 
+    def revert(self, repository: str, branch: str, commit: str, *, parent_number: int) -> str:
+        """Commit the undoing of ``commit`` on ``branch``; returns the new head.
+
+        lakeFS answers 204 without the commit, so the head is read afterwards: only for
+        branches no one else writes (a publisher's private staging branch).
+        """
+        self._call(
+            f"revert {commit} on {repository}/{branch}",
+            self.branches.revert_branch,
+            repository,
+            branch,
+            lakefs_sdk.RevertCreation(ref=commit, parent_number=parent_number),
+        )
+        return self.branch_head(repository, branch)
+
     def hard_reset(
         self, repository: str, branch: str, ref: str, *, timeout: float | None = None
     ) -> None:
@@ -307,7 +359,12 @@ class LakeFSStore:
             page = self._list_page(repository, ref, prefix, after)
             for o in page.results:
                 if o.path_type == "object":
-                    yield ObjectInfo(path=o.path, size=int(o.size_bytes or 0), checksum=o.checksum)
+                    yield ObjectInfo(
+                        path=o.path,
+                        size=int(o.size_bytes or 0),
+                        checksum=o.checksum,
+                        physical_address=o.physical_address or "",
+                    )
             if not page.pagination.has_more:
                 return
             after = page.pagination.next_offset
@@ -355,24 +412,40 @@ class LakeFSStore:
     @_retry_idempotent
     def upload(
         self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
-    ) -> str:
-        """Stream a local file to ``branch``; returns the stored checksum."""
+    ) -> ObjectInfo:
+        """Stream a local file to ``branch``; returns what lakeFS stored."""
         what = f"upload {repository}/{branch}/{path}"
         url = self._url(repository, f"branches/{quote(branch, safe='')}/objects", path)
+        try:
+            # A local file that cannot be read is no network fault: never retried.
+            size = source.stat().st_size
+            f = source.open("rb")
+        except OSError as e:
+            raise WorkspaceError(
+                f"cannot read {source} to {what} ({e.strerror or e}); the workspace changed "
+                "after the diff (a thread of the task body still writing?) or the disk failed; "
+                "the attempt fails and Conductor retries it"
+            ) from e
         headers = {
             **self._auth,
             "Content-Type": "application/octet-stream",
-            "Content-Length": str(source.stat().st_size),
+            "Content-Length": str(size),
         }
         if if_absent:
             headers["If-None-Match"] = "*"
-        with source.open("rb") as f:
+        with f:
             try:
                 resp = self._http.request("POST", url, body=f, headers=headers)
             except urllib3.exceptions.HTTPError as e:
                 raise StoreError(f"lakeFS {what} failed: {e}") from e
         self._check(resp, what)
-        return str(json.loads(resp.data).get("checksum", ""))
+        stats = json.loads(resp.data)
+        return ObjectInfo(
+            path=path,
+            size=int(stats.get("size_bytes") or 0),
+            checksum=str(stats.get("checksum", "")),
+            physical_address=str(stats.get("physical_address", "")),
+        )
 
     def upload_bytes(
         self, repository: str, branch: str, path: str, data: bytes, *, if_absent: bool = False

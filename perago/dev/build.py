@@ -29,6 +29,7 @@ __all__ = [
     "JDK_SEARCH_DIRS",
     "build",
     "build_helm",
+    "build_toxiproxy",
     "conductor_jar",
     "find_java",
     "java_version",
@@ -190,12 +191,19 @@ def _helm_ldflags(module: Path) -> tuple[str, str]:
     return version, " ".join(flags)
 
 
+def _toxiproxy_ldflags(module: Path) -> tuple[str, str]:
+    version = _required_version(module, "github.com/Shopify/toxiproxy/v2")
+    return version, f"-s -w -X github.com/Shopify/toxiproxy/v2.Version={version}"
+
+
 #: name -> (package to build inside its wrapper module, what to stamp into the binary)
 _GO_BINARIES: dict[str, tuple[str, Callable[[Path], tuple[str, str]]]] = {
     "lakefs": (".", _lakefs_ldflags),
     "lakectl": (".", _lakefs_ldflags),
     # Helm 3's command is a main package (not importable): the wrapper names it as a tool.
     "helm": ("helm.sh/helm/v3/cmd/helm", _helm_ldflags),
+    # The fault-injecting proxy of the chaos tests and `make chaos` (not part of the stack).
+    "toxiproxy": ("github.com/Shopify/toxiproxy/v2/cmd/server", _toxiproxy_ldflags),
 }
 
 
@@ -208,7 +216,8 @@ def _build_go_binary(paths: StackPaths, name: str, *, progress: bool) -> Path:
     stamp = _stamp(*pins)
     if _fresh(binary, stamp_file, stamp):
         return binary
-    go = _require_go(module, name, "perago dev build --helm" if name == "helm" else "make install")
+    how = {"helm": "perago dev build --helm", "toxiproxy": "make chaos"}.get(name, "make install")
+    go = _require_go(module, name, how)
     version, flags = ldflags(module)
     env = {
         **os.environ,
@@ -365,3 +374,10 @@ def build_helm(*, progress: bool = False) -> Path:
     paths = stack_paths()
     paths.make()
     return _build_go_binary(paths, "helm", progress=progress)
+
+
+def build_toxiproxy(*, progress: bool = False) -> Path:
+    """Toxiproxy's server built from ``deploy/local/toxiproxy`` (cached like Helm); its path."""
+    paths = stack_paths()
+    paths.make()
+    return _build_go_binary(paths, "toxiproxy", progress=progress)

@@ -6,6 +6,7 @@ from perago.publish.identity import (
     StagedReference,
     WorkspaceTarget,
     staging_branch_name,
+    staging_prefix,
 )
 from perago.publish.transaction import Publisher
 
@@ -19,4 +20,5 @@ __all__ = [
     "check_attempt",
     "decide_publication",
     "staging_branch_name",
+    "staging_prefix",
 ]

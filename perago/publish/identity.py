@@ -8,11 +8,17 @@ and task reference.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perago.store import Commit
 
-__all__ = ["AttemptIdentity", "StagedReference", "WorkspaceTarget", "staging_branch_name"]
+__all__ = [
+    "AttemptIdentity",
+    "StagedReference",
+    "WorkspaceTarget",
+    "staging_branch_name",
+    "staging_prefix",
+]
 
 _KEY = "perago."
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -35,8 +41,13 @@ class AttemptIdentity:
     retry_count: int
     poll_count: int
     task_type: str
+    #: The Conductor cluster this worker serves (``PERAGO_CLUSTER_ID``); names staging branches.
+    cluster_id: str = field(default="", compare=False)
+    #: The rendered prefix the step publishes (``None``: unknown, overlaps every scope).
+    scope: str | None = None
 
     def metadata(self, input_ref: str, **extra: str) -> dict[str, str]:
+        scope = {} if self.scope is None else {f"{_KEY}scope": self.scope}
         return {
             f"{_KEY}workflow_id": self.workflow_id,
             f"{_KEY}task_ref": self.reference_name,
@@ -45,6 +56,7 @@ class AttemptIdentity:
             f"{_KEY}poll_count": str(self.poll_count),
             f"{_KEY}task_type": self.task_type,
             f"{_KEY}input_ref": input_ref,
+            **scope,
             **{f"{_KEY}{k}": v for k, v in extra.items()},
         }
 
@@ -59,6 +71,7 @@ class AttemptIdentity:
                 retry_count=int(m[f"{_KEY}retry_count"]),
                 poll_count=int(m.get(f"{_KEY}poll_count", "0")),
                 task_type=m.get(f"{_KEY}task_type", ""),
+                scope=m.get(f"{_KEY}scope"),
             )
         except (KeyError, ValueError):
             return None
@@ -80,9 +93,16 @@ class AttemptIdentity:
         return (other.retry_count, other.poll_count) < (self.retry_count, self.poll_count)
 
 
+def staging_prefix(cluster_id: str = "") -> str:
+    """Where a cluster's staging branch names start. Cluster ids have no hyphen, so no
+    cluster's prefix starts another's, nor the unnamed cluster's ``perago-stg-``."""
+    return f"perago-{cluster_id}-stg-" if cluster_id else "perago-stg-"
+
+
 def staging_branch_name(identity: AttemptIdentity) -> str:
     """Execution-scoped and unique per delivery (a task id may be delivered twice)."""
-    return f"perago-stg-{_SAFE.sub('_', identity.task_id)}-p{identity.poll_count}"
+    task = _SAFE.sub("_", identity.task_id)
+    return f"{staging_prefix(identity.cluster_id)}{task}-p{identity.poll_count}"
 
 
 @dataclass(frozen=True)

@@ -16,21 +16,37 @@ import structlog
 
 from perago import failpoints, metrics
 from perago.coord.branch_leases import BranchLeases, HeldLease
-from perago.errors import ConflictError, PublishFenceError, StoreError
-from perago.publish.fences import AttemptLedger, HeadDecision, check_attempt, decide_publication
+from perago.errors import (
+    ConflictError,
+    CoordStoreError,
+    PublishFenceError,
+    StoreError,
+    WorkspaceError,
+)
+from perago.publish.fences import (
+    AttemptLedger,
+    HeadDecision,
+    check_attempt,
+    decide_publication,
+    earlier_publications,
+)
 from perago.publish.identity import (
     AttemptIdentity,
     StagedReference,
     WorkspaceTarget,
     staging_branch_name,
 )
-from perago.store import VersionStore
-from perago.workspace import Diff, upload_all
+from perago.publish.scope import scope_markers
+from perago.store import Commit, VersionStore
+from perago.workspace import ContentCache, Diff, upload_all
 
-__all__ = ["PUBLICATION_MARKER", "Publisher"]
+__all__ = ["HISTORY_LIMIT", "Publisher"]
 
-#: Rewritten by every publication; outside every task prefix (see perago.task.RESERVED_PREFIXES).
-PUBLICATION_MARKER = "_perago/publication.json"
+#: How far back the publish fence follows a head's first-parent chain to the input ref: a
+#: fan-out whose siblings published more often than this since its input ref fails closed.
+HISTORY_LIMIT = 500
+#: Merges tried when the expected-head hook refuses because fan-out siblings moved the head.
+MERGE_TRIES = 4
 
 
 class Publisher:
@@ -42,10 +58,12 @@ class Publisher:
         ledger: AttemptLedger,
         *,
         worker_id: str,
-        parallelism: int = 8,
+        parallelism: int = 25,
         leases: BranchLeases | None = None,
+        cache: ContentCache | None = None,
     ) -> None:
         self._store = store
+        self._cache = cache
         self._ledger = ledger
         self._worker_id = worker_id
         self._parallelism = parallelism
@@ -79,12 +97,32 @@ class Publisher:
         return branch
 
     def publish_in_place(
-        self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        log: structlog.stdlib.BoundLogger,
+        *,
+        prefix: str = "",
     ) -> str:
-        """Commit what the body wrote on the staging branch, then the same fences and Confirm."""
+        """Commit what the body wrote on the staging branch, then the same fences and Confirm.
+
+        Only writes inside the task's ``prefix`` may be published: anything else on the staging
+        branch (another dataset, ``_lakefs_actions/``) fails the attempt, nothing published.
+        The staging branch is cancelled here, whatever happens (the caller cancels it itself
+        only when the body fails before this is called).
+        """
         try:
             self._fence(me, log, 1)
             repo, branch = target.repository, staging_branch_name(me)
+            outside = self._store.uncommitted_outside(repo, branch, prefix)
+            if outside:
+                log.warning("in_place_out_of_scope", prefix=prefix, paths=outside[:5])
+                raise WorkspaceError(
+                    f"the task wrote outside its prefix {prefix!r} on its staging branch "
+                    f"({', '.join(outside[:5])}); nothing was published. Write only under the "
+                    "workspace's output URI, or widen the task's WorkspaceSpec prefix",
+                    non_retryable=True,
+                )
             if not self._store.has_uncommitted(repo, branch):
                 return self._confirm_noop(me, target, log)
             return self._commit_and_confirm(me, target, branch, log)
@@ -139,6 +177,7 @@ class Publisher:
             workspace,
             diff.uploads,
             parallelism=self._parallelism,
+            cache=self._cache,
         )
         if diff.deleted:
             self._store.delete_objects(repo, branch, [prefix + p for p in diff.deleted])
@@ -151,12 +190,13 @@ class Publisher:
 
     def _create_staging_branch(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
         repo, branch = target.repository, staging_branch_name(me)
+        # Hidden: users' branch lists stay clean; the janitor lists hidden branches too.
         try:
-            self._store.create_branch(repo, branch, target.input_ref)
+            self._store.create_branch(repo, branch, target.input_ref, hidden=True)
         except ConflictError:
             # Only this very delivery uses this name: a leftover of an earlier try of ours.
             self._store.delete_branch(repo, branch)
-            self._store.create_branch(repo, branch, target.input_ref)
+            self._store.create_branch(repo, branch, target.input_ref, hidden=True)
         return branch
 
     def _commit_staging(
@@ -171,12 +211,14 @@ class Publisher:
         """Commit the staging branch: the commit that a replacement publication installs."""
         repo = target.repository
         token = {} if lease is None else {"fencing_token": str(lease.token)}
-        # The marker makes two publications from one input ref conflict in lakeFS's atomic
-        # 3-way merge, so the store itself rejects the second (docs/protocol.md).
-        marker = json.dumps(
+        # The scope markers make two overlapping publications from one input ref conflict in
+        # lakeFS's atomic 3-way merge, so the store itself rejects the second, while disjoint
+        # ones merge cleanly (perago.publish.scope, docs/protocol.md).
+        claim = json.dumps(
             {**me.metadata(target.input_ref), "perago.kind": "publication-marker"}, sort_keys=True
         ).encode()
-        self._store.upload_bytes(repo, branch, PUBLICATION_MARKER, marker)
+        for path, data in scope_markers(target.input_ref, me.scope or "", claim).items():
+            self._store.upload_bytes(repo, branch, path, data)
         commit = self._store.commit(
             repo,
             branch,
@@ -202,12 +244,12 @@ class Publisher:
         log: structlog.stdlib.BoundLogger,
     ) -> str:
         repo = target.repository
-        head = self._store.get_commit(repo, self._store.branch_head(repo, target.branch))
-        decision = decide_publication(head, target.input_ref, me)
+        head, history = self._read_head(target)
+        decision = decide_publication(head, target.input_ref, me, history)
         log.info("publish_fence_passed", decision=decision.value, head=head.id)
         failpoints.hit("after_publish_fence")
         if decision is HeadDecision.LANDED:
-            return head.id
+            return self._own_commit(head, history, me)
         if decision is HeadDecision.REPLACE:
             self._reset(me, target, head.id, staged.staging_commit, lease, log)
             now = self._store.branch_head(repo, target.branch)
@@ -219,12 +261,50 @@ class Publisher:
                 )
             log.info("published", mode="replace", ref=now, replaced=head.id)
             return now
+        if decision is HeadDecision.SCOPED_REPLACE:
+            return self._scoped_replace(me, target, staged, lease, head, history, log)
+        for attempt in range(1, MERGE_TRIES + 1):
+            try:
+                return self._merge(me, target, staged, lease, head, log)
+            except ConflictError as e:
+                moved = e.status == 412 and "perago: destination head" in e.message
+                error = PublishFenceError(
+                    f"lakeFS rejected the merge into {target.branch} ({e.message}): another "
+                    "publication from the same input ref landed first, or the head moved after "
+                    "the fence (expected-head hook). Nothing of this attempt was published"
+                )
+                if not moved or attempt == MERGE_TRIES:
+                    raise error from e
+                # The hook refused because the head moved: a fan-out sibling may have landed.
+                head, history = self._read_head(target)
+                try:
+                    decision = decide_publication(head, target.input_ref, me, history)
+                except PublishFenceError as fence:
+                    raise PublishFenceError(f"{error.message}; then: {fence.message}") from e
+                if decision is not HeadDecision.BESIDE:
+                    raise error from e
+                log.info("publish_fence_passed", decision=decision.value, head=head.id, again=True)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _merge(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        staged: StagedReference,
+        lease: HeldLease | None,
+        head: Commit,
+        log: structlog.stdlib.BoundLogger,
+        **extra: str,
+    ) -> str:
+        """Confirm by merge (first or beside-siblings publication), guarded by the lease."""
+        repo = target.repository
         metadata = me.metadata(
             target.input_ref,
             kind="publication",
             staged_commit=staged.staging_commit,
             expected_head=head.id,
             **({} if lease is None else {"fencing_token": str(lease.token)}),
+            **extra,
         )
 
         def merge(timeout: float | None) -> str:
@@ -245,32 +325,122 @@ class Publisher:
                 # so a holder paused past its lease never merges (docs/model-check.md).
                 lease.refresh()
                 merged = lease.guarded(merge)
-        except ConflictError as e:
-            raise PublishFenceError(
-                f"lakeFS rejected the merge into {target.branch} ({e.message}): another "
-                "publication from the same input ref landed first, or the head moved after the "
-                "fence (expected-head hook). Nothing of this attempt was published"
-            ) from e
-        except StoreError as e:
+        except ConflictError:
+            raise
+        except (StoreError, CoordStoreError) as e:
+            # No answer from lakeFS, or from the lease store re-checked after the merge.
             landed = self.find_own_publication(repo, target.branch, me)
             if landed is None:
                 raise
             log.warning("merge_answer_lost_but_landed", ref=landed, error=str(e))
             merged = landed
-        self._check_first_parent(repo, target.branch, merged, head.id)
+        self._check_first_parent(repo, target.branch, merged, head.id, me)
         log.info("published", mode="merge", ref=merged)
         return merged
 
-    def _check_first_parent(self, repo: str, branch: str, merged: str, seen_head: str) -> None:
-        """Post-publish check: the merge must sit right on the head the fence saw."""
-        parents = self._store.get_commit(repo, merged).parents[:1]
-        if parents != (seen_head,):
-            raise PublishFenceError(
-                f"post-publish check: merge commit {merged} has first parent {parents}, but "
-                f"the fence saw head {seen_head}: a foreign writer moved {branch} between "
-                "fence and merge. The publication landed on top of it; inspect the branch "
-                "history before retrying"
+    def _scoped_replace(
+        self,
+        me: AttemptIdentity,
+        target: WorkspaceTarget,
+        staged: StagedReference | None,
+        lease: HeldLease | None,
+        head: Commit,
+        history: list[Commit],
+        log: structlog.stdlib.BoundLogger,
+    ) -> str:
+        """A retry inside a fan-out: an earlier attempt of this step published, and disjoint
+        siblings merged on top of it. Never a hard reset over them: on a private branch from
+        the head, revert the earlier publication(s), merge this attempt's staged commit (the
+        scope becomes this attempt's tree; ``staged`` is ``None`` for a no-op), and publish
+        that as one merge on the head. The earlier publication stays in history (reachable),
+        and exactly one publication of the step is in effect: the one naming it in
+        ``perago.replaces``.
+        """
+        repo = target.repository
+        undo = earlier_publications(history, target.input_ref, me)
+        base = staging_branch_name(me)
+        cut = base.rindex("-p")
+        scoped = f"{base[:cut]}-scoped{base[cut:]}"
+        self._store.delete_branch(repo, scoped)  # a leftover of an earlier try of ours
+        self._store.create_branch(repo, scoped, head.id)
+        try:
+            try:
+                for commit in undo:
+                    self._store.revert(repo, scoped, commit.id, parent_number=1)
+                if staged is not None:
+                    self._store.merge(
+                        repo,
+                        staged.staging_branch,
+                        scoped,
+                        message=f"perago: scoped replacement by {me.task_id} (retry "
+                        f"{me.retry_count})",
+                        metadata={"perago.kind": "scoped-staged"},
+                    )
+            except ConflictError as e:
+                raise PublishFenceError(
+                    f"scoped replacement: reverting the earlier publication(s) "
+                    f"{[c.id[:12] for c in undo]} of step {me.reference_name!r} under the "
+                    f"head {head.id[:12]} conflicts ({e.message}); nothing was published. "
+                    "Inspect the branch history"
+                ) from e
+            log.info("scoped_replacement_staged", replaces=[c.id for c in undo], branch=scoped)
+            source = StagedReference(
+                repo, scoped, staged.staging_commit if staged is not None else "none"
             )
+            try:
+                return self._merge(
+                    me, target, source, lease, head, log, replaces=",".join(c.id for c in undo)
+                )
+            except ConflictError as e:
+                raise PublishFenceError(
+                    f"lakeFS rejected the scoped replacement into {target.branch} "
+                    f"({e.message}): the head moved after the fence. Nothing of this attempt "
+                    "was published"
+                ) from e
+        finally:
+            self.cancel(repo, scoped, log)
+
+    def _read_head(self, target: WorkspaceTarget) -> tuple[Commit, list[Commit]]:
+        """The target head and, when it moved past the input ref, its first-parent chain."""
+        repo = target.repository
+        head = self._store.get_commit(repo, target.branch)  # a branch name reads its head
+        if head.id == target.input_ref or head.parents[:1] == (target.input_ref,):
+            return head, [head]
+        return head, self._store.log(repo, head.id, amount=HISTORY_LIMIT)
+
+    @staticmethod
+    def _own_commit(head: Commit, history: list[Commit], me: AttemptIdentity) -> str:
+        for commit in [head, *history]:
+            owner = AttemptIdentity.from_commit(commit)
+            if owner is not None and owner.same_attempt(me):
+                return commit.id
+        raise PublishFenceError(  # decide_publication said LANDED: cannot happen
+            f"publish fence: this attempt's publication vanished from {head.id[:12]}'s history"
+        )
+
+    def _check_first_parent(
+        self, repo: str, branch: str, merged: str, seen_head: str, me: AttemptIdentity
+    ) -> None:
+        """Post-publish check: the merge must sit on the head the fence saw, or on disjoint
+        Perago publications that landed on it since (a racing fan-out sibling)."""
+        parents = self._store.get_commit(repo, merged).parents[:1]
+        if parents == (seen_head,):
+            return
+        problem = "it is not a descendant"
+        if parents:
+            under = self._store.get_commit(repo, parents[0])
+            history = self._store.log(repo, under.id, amount=HISTORY_LIMIT)
+            try:
+                if decide_publication(under, seen_head, me, history) is HeadDecision.BESIDE:
+                    return
+            except PublishFenceError as e:
+                problem = e.message
+        raise PublishFenceError(
+            f"post-publish check: merge commit {merged} has first parent {parents}, but "
+            f"the fence saw head {seen_head}: a foreign writer moved {branch} between "
+            "fence and merge. The publication landed on top of it; inspect the branch "
+            f"history before retrying ({problem})"
+        )
 
     def _confirm_noop(
         self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
@@ -288,9 +458,16 @@ class Publisher:
         if self._leases is None:
             return self._noop_decision(me, target, None, log)
         if not self._leases.held(repo, branch):
-            head = self._store.branch_head(repo, branch)
-            if head == target.input_ref:
+            head, history = self._read_head(target)
+            if head.id == target.input_ref:
                 log.info("noop_completed", ref=target.input_ref)
+                return target.input_ref
+            try:
+                beside = decide_publication(head, target.input_ref, me, history)
+            except PublishFenceError:
+                beside = None  # decided again under the lease, which fails it closed
+            if beside is HeadDecision.BESIDE:
+                log.info("noop_completed", ref=target.input_ref, head=head.id)
                 return target.input_ref
         with self._branch_lease(me, target, log) as lease:
             self._fence(me, log, 2)
@@ -303,12 +480,14 @@ class Publisher:
         lease: HeldLease | None,
         log: structlog.stdlib.BoundLogger,
     ) -> str:
-        repo = target.repository
-        head = self._store.get_commit(repo, self._store.branch_head(repo, target.branch))
-        decision = decide_publication(head, target.input_ref, me)
-        if decision is HeadDecision.FIRST:
-            log.info("noop_completed", ref=target.input_ref)
+        head, history = self._read_head(target)
+        decision = decide_publication(head, target.input_ref, me, history)
+        if decision in (HeadDecision.FIRST, HeadDecision.BESIDE):
+            # BESIDE: only disjoint siblings published since the input ref; nothing to move
+            log.info("noop_completed", ref=target.input_ref, head=head.id)
             return target.input_ref
+        if decision is HeadDecision.SCOPED_REPLACE:
+            return self._scoped_replace(me, target, None, lease, head, history, log)
         if decision is HeadDecision.LANDED:
             raise PublishFenceError(
                 f"no-op attempt found its own publication {head.id} on {target.branch}; "

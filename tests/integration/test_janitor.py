@@ -43,6 +43,8 @@ def test_orphan_staging_branch_removed_live_one_kept(
     with worker({**quiet, "PERAGO_FAILPOINTS": "after_stage=kill"}, tmp_path / "killed.log") as w:
         assert w.proc.wait(timeout=60) == -signal.SIGKILL
     [orphan] = staging_branches(store, repo)
+    # hidden from users' branch lists (lakeFS UI, lakectl), found by the janitor all the same
+    assert orphan not in {b.id for b in store.branches.list_branches(repo).results}
 
     # the retry pauses right after staging: its branch belongs to a live attempt
     with worker(
@@ -87,3 +89,35 @@ def test_worker_start_runs_a_janitor_pass(
     with worker(env, tmp_path / "fresh.log") as fresh:
         fresh.wait_for("janitor_removed", repository=repo, timeout=60)
     assert staging_branches(store, repo) == []
+
+
+def test_clusters_sharing_one_lakefs_never_remove_each_others_staging_branches(
+    env: dict[str, str], store: LakeFSStore, repo: str
+) -> None:
+    """Three clusters' leftovers, none of whose tasks this Conductor knows: each cluster's
+    janitor (PERAGO_CLUSTER_ID) sees only its own; a branch pattern narrows further."""
+    head = store.branch_head(repo, "main")
+    unnamed, blue, green = (
+        "perago-stg-00000000-aaaa-p1",
+        "perago-blue-stg-00000000-bbbb-p1",
+        "perago-green-stg-00000000-cccc-p2",
+    )
+    for branch in (unnamed, blue, green):
+        store.create_branch(repo, branch, head)
+
+    def janitor(cluster: str, *extra: str) -> str:
+        done = perago_cli(
+            ["janitor", "--repository", repo, "--lease-watch", "0s", *extra],
+            {**env, "PERAGO_CLUSTER_ID": cluster},
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    out = janitor("blue", "--branch-pattern", "*-p2")
+    assert "removed 0 staging branch(es)" in out
+    janitor("blue")
+    assert set(staging_branches(store, repo)) == {unnamed}
+    assert {b for b, _ in store.list_branches(repo, prefix="perago-green-stg-")} == {green}
+    janitor("green", "--branch-pattern", "*-p2")
+    janitor("")
+    assert [b for b, _ in store.list_branches(repo) if b.startswith("perago-")] == []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perago.adapters.conductor import TaskSnapshot
 from perago.errors import AttemptFenceError, PublishFenceError
+from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, HeadDecision, check_attempt, decide_publication
 from perago.store import Commit
 

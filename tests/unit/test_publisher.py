@@ -11,14 +11,14 @@ import pytest
 import structlog
 
 from perago import failpoints
-from perago.adapters.conductor import TaskSnapshot
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseBusyError, LeaseLostError
 from perago.coord.lease import LeaseManager
 from perago.coord.memory import MemoryStore as CoordMemory
 from perago.errors import AttemptFenceError, PublishFenceError, StoreError
+from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
-from perago.publish.transaction import PUBLICATION_MARKER
+from perago.publish.scope import SCOPE_MARKER_ROOT
 from perago.testing import MemoryStore, StaticLedger
 from perago.workspace import Diff
 
@@ -70,7 +70,7 @@ def test_first_publication_is_a_merge_on_the_input_ref(store: MemoryStore, tmp_p
     head = store.get_commit("r", "main")
     assert out == head.id and head.parents[0] == base
     assert store.tree("r", "main")["data/out.txt"] == b"A"
-    assert PUBLICATION_MARKER in store.tree("r", "main")
+    assert any(p.startswith(f"{SCOPE_MARKER_ROOT}{base}/") for p in store.tree("r", "main"))
     assert store.list_branches("r", prefix="perago-stg-") == []
 
 
@@ -314,3 +314,18 @@ def test_materialize_skips_folder_markers_and_refuses_unsafe_names(tmp_path: Pat
     with pytest.raises(UnsafePathError) as e:
         materialize(store, "r", "main", "data/", tmp_path / "ws2", parallelism=2)
     assert e.value.non_retryable
+
+
+def test_a_cluster_id_names_the_staging_branches_apart() -> None:
+    from dataclasses import replace
+
+    from perago import config
+    from perago.errors import ConfigError
+    from perago.publish import staging_branch_name
+
+    me = ident()
+    assert staging_branch_name(me) == "perago-stg-t0-p1"
+    assert staging_branch_name(replace(me, cluster_id="blue")) == "perago-blue-stg-t0-p1"
+    assert replace(me, cluster_id="blue") == me  # the same attempt, wherever it is named
+    with pytest.raises(ConfigError):  # a hyphen would let one cluster's prefix start another's
+        config.load(env={"PERAGO_CLUSTER_ID": "blue-stg"})

@@ -7,6 +7,7 @@ import pytest
 from pydantic import BaseModel
 
 from perago import RemoteWorkspace, TaskDefinitionError, WorkspaceSpec, task
+from perago.adapters.conductor import task_def
 
 
 class P(BaseModel):
@@ -30,7 +31,7 @@ def test_decorated_function_keeps_its_types_and_options() -> None:
     assert good.params_type is P and good.result_type is R
     assert good.workspace.prefix == "a/b/"
     assert good(Path("."), P()) == R(ok=True)
-    d = good.conductor_task_def()
+    d = task_def(good)
     assert d["name"] == "good_task"
     assert d["retryCount"] == 5 and d["responseTimeoutSeconds"] == 30
     assert d["timeoutSeconds"] >= d["responseTimeoutSeconds"]

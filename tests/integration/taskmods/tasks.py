@@ -101,3 +101,58 @@ def read(workspace: Path, params: ReadParams) -> ReadResult:
     if params.scribble:
         (workspace / "scribble.txt").write_text("discarded")
     return ReadResult(files=files)
+
+
+class PartParams(BaseModel):
+    part: str
+    rows: int = 3
+    sleep: float = 0.0
+
+
+class PartResult(BaseModel):
+    part: str
+    rows: int
+
+
+@task(
+    f"pt_part_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="parts/p={part}/"),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+)
+def part(workspace: Path, params: PartParams) -> PartResult:
+    """Write one partition (a templated prefix): a fan-out writer."""
+    time.sleep(params.sleep)
+    (workspace / "rows.csv").write_text("".join(f"{params.part},{i}\n" for i in range(params.rows)))
+    return PartResult(part=params.part, rows=params.rows)
+
+
+@task(
+    f"pt_parts_all_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="parts/"),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+)
+def parts_all(workspace: Path, params: PartParams) -> PartResult:
+    """Rewrite every partition at once: overlaps every `pt_part` scope."""
+    time.sleep(params.sleep)
+    (workspace / "all.csv").write_text(params.part)
+    return PartResult(part=params.part, rows=0)
+
+
+class JoinResult(BaseModel):
+    parts: list[str]
+    rows: int
+
+
+@task(
+    f"pt_join_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="parts/", read_only=True),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+)
+def join(workspace: Path, params: ReadParams) -> JoinResult:
+    """Read every partition after a fan-out (the join step)."""
+    files = sorted(workspace.glob("p=*/rows.csv"))
+    rows = sum(len(f.read_text().splitlines()) for f in files)
+    return JoinResult(parts=[f.parent.name.removeprefix("p=") for f in files], rows=rows)

@@ -1,0 +1,77 @@
+"""What the worker runtime needs from a workflow orchestrator (Conductor in production).
+
+The worker, the runner, the fences and the janitor talk to these types only;
+``perago.adapters.conductor`` implements :class:`Orchestrator` over Conductor's REST API and
+``perago.testing.StubOrchestrator`` in memory, so the failure matrix can be unit-tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+__all__ = ["IN_PROGRESS", "AttemptLedger", "Orchestrator", "Outcome", "Status", "TaskSnapshot"]
+
+#: The only state in which an attempt may still publish (attempt fence).
+IN_PROGRESS = "IN_PROGRESS"
+
+#: How an attempt ended; ``FAILED`` may be retried by the orchestrator, the terminal one not.
+Status = Literal["COMPLETED", "FAILED", "FAILED_WITH_TERMINAL_ERROR"]
+
+
+@dataclass(frozen=True)
+class TaskSnapshot:
+    """One delivery of a task as the orchestrator describes it: what fencing and running need.
+
+    ``status`` is the orchestrator's word for the task's state (shown in messages; only
+    :data:`IN_PROGRESS` is interpreted); ``terminal`` says the task can no longer change.
+    """
+
+    task_id: str
+    task_type: str
+    reference_name: str
+    workflow_id: str
+    status: str
+    retry_count: int
+    poll_count: int
+    worker_id: str
+    response_timeout_seconds: int
+    input: dict[str, Any]
+    update_time_ms: int = 0
+    terminal: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an attempt reports: its status, its output (on success) and why (on failure)."""
+
+    status: Status
+    output: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+
+class AttemptLedger(Protocol):
+    """Where the truth about attempts lives: the read the attempt fence and janitor need."""
+
+    def get_task(self, task_id: str) -> TaskSnapshot | None: ...
+
+
+class Orchestrator(AttemptLedger, Protocol):
+    """Hands out task deliveries and takes their reports.
+
+    Implementations translate their own failures into :class:`perago.errors.OrchestratorError`.
+    An answer to :meth:`report` or :meth:`extend` proves nothing (Conductor accepts stale
+    updates silently); only a fresh :meth:`get_task` does.
+    """
+
+    def poll(self, task_type: str, *, worker_id: str, count: int) -> list[TaskSnapshot]:
+        """Up to ``count`` deliveries of ``task_type``, now IN_PROGRESS for ``worker_id``."""
+        ...
+
+    def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
+        """Push the delivery's response timeout back: the worker is still at it."""
+        ...
+
+    def report(self, task: TaskSnapshot, outcome: Outcome, *, worker_id: str) -> None:
+        """Send the delivery's final outcome."""
+        ...

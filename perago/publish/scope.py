@@ -1,0 +1,125 @@
+"""Publication scopes: which part of a branch one step writes, and who may publish beside it.
+
+A writable task's *scope* is its rendered prefix. Two scopes overlap when one is a
+path-segment prefix of the other (``a/`` and ``a/b/`` overlap, ``a/`` and ``ab/`` do not).
+Publications of disjoint scopes from one input ref may all land (a fan-out); overlapping
+ones keep the single-writer rules. Pure functions only: the publisher and the fences decide
+with them, the model check mirrors them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import string
+from collections.abc import Mapping
+
+from perago.errors import GuardrailError, TaskDefinitionError
+
+__all__ = [
+    "SCOPE_MARKER_ROOT",
+    "overlaps",
+    "render_prefix",
+    "scope_markers",
+    "template_fields",
+]
+
+#: Where the per-scope publication markers live (inside the reserved ``_perago/``).
+SCOPE_MARKER_ROOT = "_perago/scopes/"
+
+#: What one templated value may be: one plain path segment.
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}$")
+
+
+def _segments(scope: str) -> tuple[str, ...]:
+    return tuple(p for p in scope.split("/") if p)
+
+
+def overlaps(a: str | None, b: str | None) -> bool:
+    """Whether two scopes overlap; an unknown scope (``None``) overlaps everything."""
+    if a is None or b is None:
+        return True
+    sa, sb = _segments(a), _segments(b)
+    n = min(len(sa), len(sb))
+    return sa[:n] == sb[:n]
+
+
+def template_fields(prefix: str) -> tuple[str, ...]:
+    """The ``{field}`` names of a templated prefix, in order (``()`` for a plain prefix)."""
+    try:
+        parsed = list(string.Formatter().parse(prefix))
+    except ValueError as e:
+        raise TaskDefinitionError(
+            f"workspace prefix {prefix!r} is not a valid template ({e}); write fields as "
+            "'{name}', e.g. 'events/day={day}/'"
+        ) from e
+    fields = []
+    for _literal, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise TaskDefinitionError(
+                f"workspace prefix {prefix!r}: '{{{name}}}' must name a params field plainly "
+                "(no attribute, index, format spec or conversion), e.g. 'events/day={day}/'"
+            )
+        fields.append(name)
+    return tuple(fields)
+
+
+def render_prefix(prefix: str, values: Mapping[str, object]) -> str:
+    """Fill a templated prefix from params; every value must be one safe path segment.
+
+    A bad value is a terminal error (``GuardrailError``): retrying the same params cannot
+    help, and a value such as ``..`` or ``a/b`` would move the scope somewhere else.
+    """
+    fields = template_fields(prefix)
+    if not fields:
+        return prefix
+    rendered = {}
+    for name in fields:
+        if name not in values:
+            raise GuardrailError(
+                f"workspace prefix {prefix!r} needs params field {name!r}, which the params "
+                "do not have; add it to the params model"
+            )
+        value = values[name]
+        text = value.value if hasattr(value, "value") else value  # enums render by value
+        text = str(text)
+        if isinstance(value, bool) or not _SEGMENT.match(text) or text in (".", ".."):
+            raise GuardrailError(
+                f"params field {name!r} = {text!r} cannot fill the workspace prefix {prefix!r}: "
+                "each value must be one path segment of letters, digits and '._=+-' (no '/', "
+                "not '.' or '..', at most 128 characters); fix the workflow's params"
+            )
+        rendered[name] = text
+    return prefix.format(**rendered)
+
+
+def _marker_path(input_ref: str, scope: str) -> str:
+    return f"{SCOPE_MARKER_ROOT}{input_ref}/{scope}@"
+
+
+def scope_markers(input_ref: str, scope: str, claim: bytes) -> dict[str, bytes]:
+    """The marker objects a publication of ``scope`` from ``input_ref`` writes.
+
+    They make lakeFS's atomic 3-way merge reject the second of two *overlapping*
+    publications from one input ref and accept *disjoint* ones:
+
+    - the scope's own marker gets ``claim`` (unique per attempt): two publications of one
+      scope change it differently, a conflict;
+    - every proper ancestor's marker (the root included) gets the same fixed "intent" bytes:
+      disjoint siblings make identical changes there (no conflict), while a publication
+      of that ancestor scope writes its own claim there (a conflict).
+
+    The markers sit under the input ref's own folder, so publications from different input
+    refs never touch the same marker (no false conflicts in a serial chain or an unpinned
+    fan-out); those are told apart by the publish fence and the expected-head hook instead.
+    """
+    segments = _segments(scope)
+    own = "/".join(segments) + "/" if segments else ""
+    markers = {_marker_path(input_ref, own): claim}
+    intent = b"intent " + hashlib.sha256(input_ref.encode()).hexdigest().encode()
+    for n in range(len(segments)):
+        ancestor = "/".join(segments[:n]) + "/" if n else ""
+        markers[_marker_path(input_ref, ancestor)] = intent
+    return markers

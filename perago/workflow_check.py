@@ -1,0 +1,121 @@
+"""Check workflow definitions against the Perago tasks they use, before Conductor runs them.
+
+A workflow that hands a task bad constant params, no workspace, or no value for a templated
+prefix field would fail at run time, possibly after earlier steps published. ``perago
+register`` runs this over every task, nested ones included (FORK_JOIN branches, DYNAMIC
+fork settings, DO_WHILE bodies, SWITCH cases, inline SUB_WORKFLOW definitions), and reports
+every problem naming the workflow, the task reference and what to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from perago.errors import GuardrailError
+from perago.publish.scope import render_prefix
+from perago.task import TaskDefinition
+
+__all__ = ["workflow_problems"]
+
+_NESTED_LISTS = ("loopOver", "defaultCase")
+
+
+def _is_expression(value: Any) -> bool:
+    return isinstance(value, str) and "${" in value
+
+
+def _nested(task: Mapping[str, Any], workflow: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(workflow name, task) of every task under ``task``, including itself."""
+    yield workflow, task
+    for branch in task.get("forkTasks") or []:
+        for t in branch:
+            yield from _nested(t, workflow)
+    for key in _NESTED_LISTS:
+        for t in task.get(key) or []:
+            yield from _nested(t, workflow)
+    for case in (task.get("decisionCases") or {}).values():
+        for t in case:
+            yield from _nested(t, workflow)
+    inline = (task.get("subWorkflowParam") or {}).get("workflowDefinition")
+    if isinstance(inline, Mapping):
+        name = f"{workflow} > {inline.get('name', task.get('taskReferenceName', '?'))}"
+        for t in inline.get("tasks") or []:
+            yield from _nested(t, name)
+
+
+def _task_problems(defn: TaskDefinition[Any, Any], task: Mapping[str, Any]) -> list[str]:
+    inputs = task.get("inputParameters")
+    if not isinstance(inputs, Mapping):
+        return ['has no inputParameters: pass {"workspace": ..., "params": {...}}']
+    problems = [
+        f'inputParameters lack "{key}"' for key in ("workspace", "params") if key not in inputs
+    ]
+    params = inputs.get("params")
+    if params is None or _is_expression(params):
+        return problems  # decided at run time (the pre-guardrail checks it then)
+    if not isinstance(params, Mapping):
+        return [*problems, f'"params" must be an object, got {type(params).__name__}']
+    constants = {k: v for k, v in params.items() if not _contains_expression(v)}
+    try:
+        defn.params_type.model_validate(constants)
+    except ValidationError as e:
+        for err in e.errors():
+            loc = err["loc"]
+            missing_but_dynamic = err["type"] == "missing" and loc and loc[0] in params
+            if err["type"] == "missing" and not missing_but_dynamic:
+                problems.append(f"params field {'.'.join(map(str, loc))!r} is required")
+            elif loc and loc[0] in constants:
+                where = ".".join(str(x) for x in loc)
+                problems.append(f"params {where!r}: {err['msg']}")
+    for name in defn.workspace.fields:
+        if name not in params:
+            problems.append(
+                f"params lack {name!r}, which fills the workspace prefix {defn.workspace.prefix!r}"
+            )
+        elif name in constants:
+            try:
+                render_prefix(defn.workspace.prefix, {name: constants[name]})
+            except GuardrailError as e:
+                problems.append(e.message)
+    return problems
+
+
+def _contains_expression(value: Any) -> bool:
+    if _is_expression(value):
+        return True
+    if isinstance(value, Mapping):
+        return any(_contains_expression(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_contains_expression(v) for v in value)
+    return False
+
+
+def workflow_problems(
+    workflow: Mapping[str, Any], tasks: Mapping[str, TaskDefinition[Any, Any]]
+) -> list[str]:
+    """Every problem of ``workflow``'s use of the Perago tasks in ``tasks`` (by task type)."""
+    found = []
+    name = str(workflow.get("name", "?"))
+    for top in workflow.get("tasks") or []:
+        for wf_name, task in _nested(top, name):
+            kind = str(task.get("type", "SIMPLE")).upper()
+            if kind == "FORK_JOIN_DYNAMIC":
+                for key in ("dynamicForkTasksParam", "dynamicForkTasksInputParamName"):
+                    if not task.get(key) and not task.get("forkTaskName"):
+                        found.append(
+                            f"workflow {wf_name!r}, task {task.get('taskReferenceName')!r}: "
+                            f"FORK_JOIN_DYNAMIC needs {key!r}"
+                        )
+                continue
+            defn = tasks.get(str(task.get("name", "")))
+            if defn is None or kind not in ("SIMPLE", ""):
+                continue
+            for problem in _task_problems(defn, task):
+                found.append(
+                    f"workflow {wf_name!r}, task {task.get('taskReferenceName')!r} "
+                    f"({defn.name}): {problem}"
+                )
+    return found

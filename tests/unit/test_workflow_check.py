@@ -1,0 +1,75 @@
+"""`perago register` checks nested workflow tasks against the Perago tasks they use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from perago.task import WorkspaceSpec, task
+from perago.workflow_check import workflow_problems
+
+
+class Day(BaseModel):
+    day: str
+    rows: int = 1
+
+
+class Out(BaseModel):
+    n: int = 0
+
+
+@task("wc_day", workspace=WorkspaceSpec(prefix="events/day={day}/"))
+def day_task(workspace: Path, params: Day) -> Out:
+    return Out()
+
+
+TASKS = {"wc_day": day_task}
+WS = "${workflow.input.workspace}"
+
+
+def use(ref: str, params: Any, **extra: Any) -> dict[str, Any]:
+    inputs = {"workspace": WS, "params": params, **extra}
+    return {"name": "wc_day", "taskReferenceName": ref, "type": "SIMPLE", "inputParameters": inputs}
+
+
+def test_a_good_workflow_has_no_problems() -> None:
+    wf = {
+        "name": "ok",
+        "tasks": [use("a", {"day": "${workflow.input.day}"}), use("b", {"day": "d1"})],
+    }
+    assert workflow_problems(wf, TASKS) == []
+
+
+def test_problems_are_found_in_every_nested_construct_and_name_workflow_and_ref() -> None:
+    fork = {"type": "FORK_JOIN", "forkTasks": [[use("in_fork", {"day": "a/b"})]]}
+    loop = {"type": "DO_WHILE", "loopOver": [use("in_loop", {"day": "d", "rows": "many"})]}
+    switch = {
+        "type": "SWITCH",
+        "decisionCases": {"x": [use("in_case", {})]},
+        "defaultCase": [
+            {
+                "name": "wc_day",
+                "taskReferenceName": "in_default",
+                "type": "SIMPLE",
+                "inputParameters": {"params": {"day": "d"}},
+            }
+        ],
+    }
+    sub = {
+        "type": "SUB_WORKFLOW",
+        "subWorkflowParam": {
+            "workflowDefinition": {"name": "child", "tasks": [use("in_sub", {"rows": 2})]}
+        },
+    }
+    dyn = {"type": "FORK_JOIN_DYNAMIC", "taskReferenceName": "dyn"}
+    problems = workflow_problems({"name": "wf", "tasks": [fork, loop, switch, sub, dyn]}, TASKS)
+    text = "\n".join(problems)
+    assert "workflow 'wf', task 'in_fork' (wc_day): params field 'day' = 'a/b'" in text
+    assert "workflow 'wf', task 'in_loop' (wc_day): params 'rows'" in text
+    assert "task 'in_case' (wc_day): params field 'day' is required" in text
+    assert "task 'in_case' (wc_day): params lack 'day', which fills the workspace prefix" in text
+    assert "task 'in_default' (wc_day): inputParameters lack \"workspace\"" in text
+    assert "workflow 'wf > child', task 'in_sub'" in text
+    assert "task 'dyn': FORK_JOIN_DYNAMIC needs 'dynamicForkTasksParam'" in text
