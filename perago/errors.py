@@ -1,7 +1,9 @@
 """Every error Perago raises, under one root.
 
-The retry policy is data on the exception: ``non_retryable=True`` maps to Conductor's
-FAILED_WITH_TERMINAL_ERROR, anything else to FAILED (Conductor may retry).
+The retry policy is data on the exception: ``non_retryable=True`` maps to the orchestrator's
+terminal failure (Conductor's FAILED_WITH_TERMINAL_ERROR), anything else to a failure the
+orchestrator may retry. ``perago.runtime.outcome_of`` is the one place that turns an
+exception into an attempt's outcome.
 
 ::
 
@@ -18,14 +20,23 @@ FAILED_WITH_TERMINAL_ERROR, anything else to FAILED (Conductor may retry).
     ├── FenceError
     │   ├── AttemptFenceError       the Conductor attempt is no longer ours
     │   └── PublishFenceError       the target head cannot be explained: nothing published
-    ├── StoreError                  lakeFS answered with an error
-    │   ├── NotFoundError
-    │   └── ConflictError
-    ├── OrchestratorError           Conductor answered with an error
+    ├── ServiceError                an outside system failed or answered with an error (.status)
+    │   ├── StoreError              lakeFS answered with an error
+    │   │   ├── NotFoundError
+    │   │   └── ConflictError
+    │   ├── OrchestratorError       Conductor answered with an error
+    │   └── CoordStoreError         the coordination backend failed; a write's fate may be unknown
+    ├── CoordinationError           a lease or conditional write said no (nothing broke)
+    │   ├── PredicateFailedError    a conditional write lost: the key changed (or never existed)
+    │   │   └── TargetExistsError   put-and-verify: the target of an exclusive write exists
+    │   ├── LeaseBusyError          someone else holds the lease and it is not stale yet
+    │   └── LeaseExpiringError      too little lease time left to start a guarded write
+    ├── FailpointError              a crash-test failpoint set to ``error`` fired
     └── WorkflowRunError            `perago run`: the workflow did not complete
 
     Interrupt (BaseException)       signals user code must not swallow
-    └── WorkerShutdown              the worker is draining and the grace ran out
+    ├── WorkerShutdown              the worker is draining and the grace ran out
+    └── LeaseLostError              the branch lease now belongs to someone else: stop writing
 """
 
 from __future__ import annotations
@@ -34,17 +45,26 @@ __all__ = [
     "AttemptFenceError",
     "ConfigError",
     "ConflictError",
+    "CoordStoreError",
+    "CoordinationError",
+    "FailpointError",
     "FenceError",
     "GuardrailError",
     "Interrupt",
+    "LeaseBusyError",
+    "LeaseExpiringError",
+    "LeaseLostError",
     "NotFoundError",
     "OrchestratorError",
     "PeragoError",
+    "PredicateFailedError",
     "PublishFenceError",
     "RegistrationError",
     "ResultValidationError",
+    "ServiceError",
     "StackError",
     "StoreError",
+    "TargetExistsError",
     "TaskDefinitionError",
     "TaskError",
     "UnsafePathError",
@@ -116,12 +136,18 @@ class PublishFenceError(FenceError):
     pass
 
 
-class StoreError(PeragoError):
+class ServiceError(PeragoError):
+    """An outside system failed; ``status`` is its HTTP status when it answered at all."""
+
     def __init__(
         self, message: str, *, status: int | None = None, non_retryable: bool | None = None
     ) -> None:
         super().__init__(message, non_retryable=non_retryable)
         self.status = status
+
+
+class StoreError(ServiceError):
+    """lakeFS answered with an error (or could not be reached)."""
 
 
 class NotFoundError(StoreError):
@@ -132,12 +158,41 @@ class ConflictError(StoreError):
     pass
 
 
-class OrchestratorError(PeragoError):
-    def __init__(
-        self, message: str, *, status: int | None = None, non_retryable: bool | None = None
-    ) -> None:
-        super().__init__(message, non_retryable=non_retryable)
-        self.status = status
+class OrchestratorError(ServiceError):
+    """Conductor answered with an error (or could not be reached)."""
+
+
+class CoordStoreError(ServiceError):
+    """The coordination backend failed; the outcome of a write may be unknown."""
+
+
+class CoordinationError(PeragoError):
+    """A lease or a conditional write refused: the coordination store works, the answer is no."""
+
+
+class PredicateFailedError(CoordinationError):
+    """The expected version is no longer current: re-read and decide again."""
+
+
+class TargetExistsError(PredicateFailedError):
+    """The target of an exclusive (put-and-verify) write exists already."""
+
+
+class LeaseBusyError(CoordinationError):
+    """The lease is held by a live (or not yet provably stale) holder."""
+
+    def __init__(self, message: str, *, holder: str, token: int) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.token = token
+
+
+class LeaseExpiringError(CoordinationError):
+    """Too little of the lease is left to start a write safely; renew it first."""
+
+
+class FailpointError(PeragoError):
+    """Raised by an ``error`` failpoint (PERAGO_FAILPOINTS), on purpose."""
 
 
 class WorkflowRunError(PeragoError):
@@ -147,6 +202,14 @@ class WorkflowRunError(PeragoError):
 class Interrupt(BaseException):
     """Stops an attempt from the outside; derives from BaseException so bodies cannot swallow it."""
 
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
 
 class WorkerShutdown(Interrupt):
-    pass
+    """The worker is draining and the attempt outlived the grace."""
+
+
+class LeaseLostError(Interrupt):
+    """Another owner holds the branch lease now: the attempt must stop writing."""

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from perago.errors import ConfigError, PeragoError
+from perago.errors import ConfigError, FailpointError
 
 __all__ = ["POINTS", "FailpointError", "configure", "hit"]
 
@@ -35,10 +35,6 @@ POINTS = (
 
 log = structlog.get_logger("perago.failpoints")
 _active: dict[str, str] = {}
-
-
-class FailpointError(PeragoError):
-    """Raised by an ``error`` failpoint."""
 
 
 def parse(spec: str) -> dict[str, str]:

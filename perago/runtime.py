@@ -19,11 +19,10 @@ from perago import failpoints, metrics
 from perago.config import Settings
 from perago.context import AttemptInfo, _current
 from perago.coord.branch_leases import BranchLeases
-from perago.coord.errors import LeaseLostError
 from perago.errors import (
     AttemptFenceError,
     GuardrailError,
-    Interrupt,
+    LeaseLostError,
     NotFoundError,
     PeragoError,
     PublishFenceError,
@@ -39,7 +38,7 @@ from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.workspace import AttemptDirectory, compute_diff, materialize
 
-__all__ = ["SHUTDOWN", "AttemptRunner", "Outcome", "WorkspaceInput"]
+__all__ = ["SHUTDOWN", "AttemptRunner", "Outcome", "WorkspaceInput", "outcome_of"]
 
 #: What an attempt interrupted by the worker's drain reports (Conductor retries it).
 SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
@@ -64,13 +63,22 @@ def _validation_summary(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _failure(e: BaseException, *, where: str) -> Outcome:
+def outcome_of(e: BaseException, *, where: str, advice: str = "") -> Outcome:
+    """The outcome an attempt that raised ``e`` at step ``where`` reports: the one place an
+    exception becomes FAILED or FAILED_WITH_TERMINAL_ERROR (docs/protocol.md, failure matrix)."""
+    if isinstance(e, WorkerShutdown):
+        return SHUTDOWN
+    if isinstance(e, LeaseLostError):
+        reason = f"{where}: lease lost: {e}; the attempt was cancelled"
+        return Outcome("FAILED", reason=reason)
+    status: Status = "FAILED"
     if isinstance(e, PeragoError):
-        status: Status = "FAILED_WITH_TERMINAL_ERROR" if e.non_retryable else "FAILED"
-        return Outcome(status, reason=f"{where}: {e.message}")
-    lines = traceback.format_exception_only(type(e), e)
-    summary = "".join(lines).strip().splitlines()
-    return Outcome("FAILED", reason=f"{where}: {summary[-1] if summary else type(e).__name__}")
+        status = "FAILED_WITH_TERMINAL_ERROR" if e.non_retryable else "FAILED"
+        what = e.message
+    else:
+        summary = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+        what = summary[-1] if summary else type(e).__name__
+    return Outcome(status, reason=f"{where}: {what}" + (f"; {advice}" if advice else ""))
 
 
 class AttemptRunner:
@@ -125,10 +133,10 @@ class AttemptRunner:
                 me = dataclasses.replace(me, step_key=key, lineage_retries=retries)
         except GuardrailError as e:
             log.warning("pre_guardrails_failed", reason=e.message)
-            return _failure(e, where="pre-guardrail")
+            return outcome_of(e, where="pre-guardrail")
         except PeragoError as e:
             log.warning("pre_guardrails_unavailable", reason=e.message)
-            return _failure(e, where="pre-guardrail (store or Conductor unavailable)")
+            return outcome_of(e, where="pre-guardrail (store or Conductor unavailable)")
         log = log.bind(
             repository=target.repository,
             branch=target.branch,
@@ -220,26 +228,22 @@ class AttemptRunner:
             if defn.workspace.in_place:
                 return self._run_in_place(defn, me, target, params, log, step)
             return self._run_local(defn, me, target, params, log, step)
-        except WorkerShutdown:
+        except WorkerShutdown as e:
             log.warning("attempt_interrupted", step=step[0])
-            return SHUTDOWN
+            return outcome_of(e, where=step[0])
         except LeaseLostError as e:
             log.warning("lease_lost", step=step[0], reason=str(e))
-            return Outcome(
-                "FAILED", reason=f"{step[0]}: lease lost: {e}; the attempt was cancelled"
-            )
-        except Interrupt:
-            raise
+            return outcome_of(e, where=step[0])
         except TaskError as e:
             log.warning("task_error", step=step[0], reason=e.message, non_retryable=e.non_retryable)
-            return _failure(e, where=step[0])
+            return outcome_of(e, where=step[0])
         except Exception as e:  # noqa: BLE001 - any failure of user code or I/O fails the attempt
             if isinstance(e, AttemptFenceError):
                 metrics.FENCE_REJECTIONS.labels("attempt").inc()
             elif isinstance(e, PublishFenceError):
                 metrics.FENCE_REJECTIONS.labels("publish").inc()
             log.warning("attempt_failed", step=step[0], error=f"{type(e).__name__}: {e}")
-            return _failure(e, where=step[0])
+            return outcome_of(e, where=step[0])
 
     def _run_local(
         self,
@@ -303,11 +307,13 @@ class AttemptRunner:
                 prefix=prefix,
             )
             checked = self._body_and_checks(defn, me, target, params, remote, log, step)
-            step[0] = "publish"
-            ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
-            return self._completed(target, ref, checked)
-        finally:
+        except BaseException:
             self._publisher.cancel(repo, staging, log)
+            raise
+        step[0] = "publish"
+        # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
+        ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
+        return self._completed(target, ref, checked)
 
     def _body_and_checks(
         self,

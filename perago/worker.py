@@ -25,7 +25,7 @@ from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.health import HealthServer
 from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.report import Landing, TaskUpdates
-from perago.runtime import SHUTDOWN, AttemptRunner
+from perago.runtime import AttemptRunner, outcome_of
 from perago.store import VersionStore
 from perago.task import TaskDefinition
 
@@ -237,17 +237,17 @@ class Worker:
         try:
             try:
                 outcome = self._runner.run(self._tasks[snapshot.task_type], snapshot)
-            except WorkerShutdown:
-                outcome = SHUTDOWN
+            except WorkerShutdown as e:
+                outcome = outcome_of(e, where="run")
             except Exception as e:  # never a dead attempt without a report
                 log.exception(
                     "attempt_crashed", workflow_id=snapshot.workflow_id, task_id=snapshot.task_id
                 )
                 metrics.REPORT_PROBLEMS.labels("runner_crashed").inc()
-                outcome = Outcome(
-                    "FAILED",
-                    reason=f"internal error in the worker: {type(e).__name__}: {e}; report it "
-                    "to the Perago maintainers (Conductor retries the task)",
+                outcome = outcome_of(
+                    e,
+                    where="internal error in the worker",
+                    advice="report it to the Perago maintainers (Conductor retries the task)",
                 )
             stop_extending.set()
             metrics.ATTEMPTS.labels(snapshot.task_type, outcome.status).inc()

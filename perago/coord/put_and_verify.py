@@ -26,10 +26,10 @@ from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from perago.coord.errors import CoordStoreError, PredicateFailedError
 from perago.coord.generations import GenerationLogStore, ObjectEntry
 from perago.coord.s3 import retry_reads
 from perago.coord.store import Versioned
+from perago.errors import CoordStoreError, PredicateFailedError, TargetExistsError
 
 __all__ = [
     "MemoryObjects",
@@ -71,10 +71,6 @@ class VerifyContext:
 
 class _Busy(Exception):
     """Another writer's intention is present: back off and retry."""
-
-
-class TargetExistsError(PredicateFailedError):
-    """The target of an exclusive write exists already."""
 
 
 class PutAndVerify:

@@ -16,7 +16,13 @@ import structlog
 
 from perago import failpoints, metrics
 from perago.coord.branch_leases import BranchLeases, HeldLease
-from perago.errors import ConflictError, PublishFenceError, StoreError, WorkspaceError
+from perago.errors import (
+    ConflictError,
+    CoordStoreError,
+    PublishFenceError,
+    StoreError,
+    WorkspaceError,
+)
 from perago.publish.fences import (
     AttemptLedger,
     HeadDecision,
@@ -100,6 +106,8 @@ class Publisher:
 
         Only writes inside the task's ``prefix`` may be published: anything else on the staging
         branch (another dataset, ``_lakefs_actions/``) fails the attempt, nothing published.
+        The staging branch is cancelled here, whatever happens (the caller cancels it itself
+        only when the body fails before this is called).
         """
         try:
             self._fence(me, log, 1)
@@ -315,7 +323,8 @@ class Publisher:
                 merged = lease.guarded(merge)
         except ConflictError:
             raise
-        except StoreError as e:
+        except (StoreError, CoordStoreError) as e:
+            # No answer from lakeFS, or from the lease store re-checked after the merge.
             landed = self.find_own_publication(repo, target.branch, me)
             if landed is None:
                 raise
