@@ -2,7 +2,7 @@
 
     python -m benchmarks.run            # full sizes, 3 repetitions: about 5 minutes on 2 cores
     python -m benchmarks.run --quick    # every size divided by 10, a smoke run
-    python -m benchmarks.run --only lease   # one scenario: a, b, c, d or lease (f)
+    python -m benchmarks.run --only lease   # one scenario: a, b, c, d, lease (f), h or i
 
 The stack comes from the environment when ``CONDUCTOR_SERVER_URL``,
 ``LAKECTL_SERVER_ENDPOINT_URL``, ``LAKECTL_CREDENTIALS_*`` and ``PERAGO_BENCH_LAKECTL`` are
@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from benchmarks import lease_overhead, roundtrip
+from benchmarks import lease_overhead, roundtrip, task_duration
 from benchmarks.common import (
     MIB,
     BenchmarkError,
@@ -62,6 +62,9 @@ class Scale:
     one_change: TreeSpec  # (c)
     workflows: int  # (d)
     lease_runs: int  # (f), per side and path
+    cached: TreeSpec  # (i)
+    task_reads: TreeSpec  # (h)
+    task_writes: TreeSpec  # (h)
 
 
 SCALES = {
@@ -71,6 +74,9 @@ SCALES = {
         one_change=TreeSpec(10_000, 1024),
         workflows=20,
         lease_runs=30,
+        cached=TreeSpec(5_000, 1024),
+        task_reads=TreeSpec(5_000, 1024),
+        task_writes=TreeSpec(1_000, 64 * 1024),
     ),
     "quick": Scale(
         many=TreeSpec(100, 64 * 1024),
@@ -78,6 +84,9 @@ SCALES = {
         one_change=TreeSpec(1_000, 1024),
         workflows=5,
         lease_runs=5,
+        cached=TreeSpec(500, 1024),
+        task_reads=TreeSpec(500, 1024),
+        task_writes=TreeSpec(100, 64 * 1024),
     ),
 }
 
@@ -326,6 +335,43 @@ class Bench:
         shutil.rmtree(work)
         return [publish, copy]
 
+    # -- (i): the worker-local content cache ---------------------------------------------------
+
+    def cached(self, spec: TreeSpec, seed: int) -> list[Row]:
+        """One Perago process publishes, reads that back, reads it again; lakectl clones it."""
+        repo = self.new_repo("i")
+        work = self.tmp / "i"
+        src = work / "src"
+        write_tree(src, spec, seed=seed)
+        chained = Row(
+            f"(i) read what this worker just published, {spec.describe()}", spec.total_bytes
+        )
+        reread = Row(f"(i) read the same ref again, {spec.describe()}", spec.total_bytes)
+        for rep in range(self.repeats):
+            p_branch, _ = self.branches(repo, rep)
+            out = work / f"perago-{rep}"
+            # lakectl clones what Perago published, so Perago always goes first here.
+            run = self.perago("cache", "--repo", repo, "--branch", p_branch, "--prefix", PREFIX,
+                              "--dir", str(src), "--out", str(out))  # fmt: skip
+            self.check_remote(repo, p_branch, spec)
+            for step in ("chained", "reread"):
+                self.check_local(out / step, spec)
+            clones = []
+            for n in range(2):
+                l_out = work / f"lakectl-out-{rep}-{n}"
+                clones.append(self.lakectl.clone(f"lakefs://{repo}/{p_branch}/{PREFIX}", l_out))
+                self.check_local(l_out, spec)
+                shutil.rmtree(l_out)
+            chained.add(
+                Sample.of_perago(run["chained"], run["max_rss_kib"]), Sample.of_lakectl(clones[0])
+            )
+            reread.add(
+                Sample.of_perago(run["reread"], run["max_rss_kib"]), Sample.of_lakectl(clones[1])
+            )
+            shutil.rmtree(out)
+        shutil.rmtree(work)
+        return [chained, reread]
+
     def cleanup(self) -> None:
         for repo in self.repos:
             try:
@@ -368,8 +414,9 @@ def roundtrip_table(rt: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-#: Scenario names for ``--only``: (a)-(c) data, (d) Conductor round trip, (f) branch lease.
-SCENARIOS = ("a", "b", "c", "d", "lease")
+#: Scenario names for ``--only``: (a)-(c) data, (d) Conductor round trip, (f) branch lease,
+#: (h) task durations through Conductor, (i) the content cache.
+SCENARIOS = ("a", "b", "c", "d", "lease", "h", "i")
 
 
 def _merge_results(output: Path, partial_run: dict[str, Any], only: list[str]) -> dict[str, Any]:
@@ -377,11 +424,11 @@ def _merge_results(output: Path, partial_run: dict[str, Any], only: list[str]) -
     if not output.exists():
         return partial_run
     merged: dict[str, Any] = json.loads(output.read_text())
-    ran = tuple(f"({key}) " for key in only if key in ("a", "b", "c"))
+    ran = tuple(f"({key}) " for key in only if key in ("a", "b", "c", "i"))
     merged["rows"] = [
         r for r in merged.get("rows", []) if not r["scenario"].startswith(ran)
     ] + partial_run["rows"]
-    for key in ("roundtrip", "lease_overhead"):
+    for key in ("roundtrip", "lease_overhead", "task_duration"):
         if key in partial_run:
             merged[key] = partial_run[key]
     if "perago_baseline_rss_mib" in partial_run:
@@ -436,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline: dict[str, Any] | None = None
     rt: dict[str, Any] | None = None
     lease: dict[str, Any] | None = None
+    task_rows: dict[str, Any] | None = None
     try:
         if any(key in only for key in ("a", "b", "c")):
             baseline = bench.perago("baseline")
@@ -446,6 +494,19 @@ def main(argv: list[str] | None = None) -> int:
         if "c" in only:
             print(f"(c) {scale.one_change.describe()}, {repeats} repetition(s) ...", flush=True)
             rows += bench.one_change(scale.one_change, 3)
+        if "i" in only:
+            print(f"(i) {scale.cached.describe()}, {repeats} repetition(s) ...", flush=True)
+            rows += bench.cached(scale.cached, 4)
+        if "h" in only:
+            print(f"(h) task durations through Conductor, {repeats} repetition(s) ...", flush=True)
+            task_rows = task_duration.measure(
+                bench.env,
+                bench.lakectl,
+                reads=scale.task_reads,
+                writes=scale.task_writes,
+                repeats=repeats,
+                work_dir=tmp / "h",
+            )
         if "d" in only:
             print(f"(d) {scale.workflows} no-op workflows per worker ...", flush=True)
             rt = roundtrip.measure(bench.env, runs=scale.workflows, work_dir=tmp / "work")
@@ -469,6 +530,13 @@ def main(argv: list[str] | None = None) -> int:
     if rt is not None:
         print()
         print(roundtrip_table(rt))
+    if task_rows is not None:
+        print()
+        print("| (h) task duration in Conductor | Perago s | lakectl s | lakectl/Perago |")
+        print("|---|---:|---:|---:|")
+        for r in task_rows["rows"]:
+            print(f"| {r['scenario']} | {r['perago_s']:.2f} | {r['lakectl_s']:.2f} "
+                  f"| {r['ratio']:.2f} |")  # fmt: skip
     if lease is not None:
         print()
         print(lease_overhead.table(lease))
@@ -511,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
         results["perago_baseline_rss_mib"] = _mib(baseline["max_rss_kib"])
     if rt is not None:
         results["roundtrip"] = rt
+    if task_rows is not None:
+        results["task_duration"] = task_rows
     if lease is not None:
         results["lease_overhead"] = {
             "date": results["date"],

@@ -4,6 +4,7 @@
     python -m benchmarks.scenario materialize --repo R --ref REF --prefix P --dir D
     python -m benchmarks.scenario edit        --repo R --branch B --prefix P --dir D \\
                                                --change REL --content FILE
+    python -m benchmarks.scenario cache       --repo R --branch B --prefix P --dir D --out O
     python -m benchmarks.scenario baseline
 
 Each prints one JSON object on stdout: timings measured inside the process (imports and
@@ -31,7 +32,7 @@ from perago.config import Settings, load
 from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.testing import StaticLedger
-from perago.workspace import Manifest, compute_diff, materialize
+from perago.workspace import ContentCache, Manifest, compute_diff, materialize
 
 
 def _max_rss_kib() -> int:
@@ -52,6 +53,7 @@ def _publish(
     prefix: str,
     root: Path,
     manifest: Manifest,
+    cache: ContentCache | None = None,
 ) -> dict[str, Any]:
     """Diff ``root`` against ``manifest`` and publish it onto ``branch`` (stage, fence, merge)."""
     input_ref = store.branch_head(repo, branch)
@@ -82,7 +84,11 @@ def _publish(
         )
     )
     publisher = Publisher(
-        store, ledger, worker_id=settings.worker_id, parallelism=settings.transfer_parallelism
+        store,
+        ledger,
+        worker_id=settings.worker_id,
+        parallelism=settings.transfer_parallelism,
+        cache=cache,
     )
     log = structlog.get_logger("benchmarks").bind(task_id=task_id)
     cpu = _cpu_s()
@@ -104,13 +110,20 @@ def _publish(
 
 
 def _materialize(
-    settings: Settings, store: LakeFSStore, *, repo: str, ref: str, prefix: str, root: Path
+    settings: Settings,
+    store: LakeFSStore,
+    *,
+    repo: str,
+    ref: str,
+    prefix: str,
+    root: Path,
+    cache: ContentCache | None = None,
 ) -> tuple[Manifest, dict[str, Any]]:
     root.mkdir(parents=True, exist_ok=False)
     cpu = _cpu_s()
     started = time.perf_counter()
     manifest = materialize(
-        store, repo, ref, prefix, root, parallelism=settings.transfer_parallelism
+        store, repo, ref, prefix, root, parallelism=settings.transfer_parallelism, cache=cache
     )
     seconds = time.perf_counter() - started
     return manifest, {
@@ -123,7 +136,8 @@ def _materialize(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scenario")
-    parser.add_argument("op", choices=["publish", "materialize", "edit", "baseline"])
+    parser.add_argument("op", choices=["publish", "materialize", "edit", "cache", "baseline"])
+    parser.add_argument("--out", type=Path, help="cache: where the two reads go")
     parser.add_argument("--repo")
     parser.add_argument("--branch")
     parser.add_argument("--ref")
@@ -159,6 +173,33 @@ def main(argv: list[str] | None = None) -> int:
                 settings, store, repo=args.repo, ref=args.ref, prefix=args.prefix, root=args.dir
             )
             result.update(result.pop("materialize"))
+        elif args.op == "cache":
+            # One worker process: publish (the uploads seed its cache), then read what it
+            # just published, then read that ref again.
+            cache = ContentCache(args.out / "cache", max_bytes=settings.cache_bytes)
+            result["publish"] = _publish(
+                settings,
+                store,
+                repo=args.repo,
+                branch=args.branch,
+                prefix=args.prefix,
+                root=args.dir,
+                manifest=Manifest(),
+                cache=cache,
+            )
+            ref = result["publish"]["ref"]
+            for step in ("chained", "reread"):
+                _, result[step] = _materialize(
+                    settings,
+                    store,
+                    repo=args.repo,
+                    ref=ref,
+                    prefix=args.prefix,
+                    root=args.out / step,
+                    cache=cache,
+                )
+            result["cache_entries"] = len(cache)
+            cache.close()
         elif args.op == "edit":
             # What a writable attempt does: materialize, change one file, diff, publish.
             input_ref = store.branch_head(args.repo, args.branch)

@@ -104,10 +104,23 @@ class Settings(BaseSettings):
         "unset: a third of the task's response timeout, at least 1 s.",
     )
     transfer_parallelism: int = Field(
-        default=8,
+        default=25,
         ge=1,
         le=128,
-        description="Parallel object transfers between lakeFS and a workspace.",
+        description="Parallel object transfers between lakeFS and a workspace (25, like "
+        "`lakectl local`: each upload waits mostly on lakeFS, not on this process).",
+    )
+    cache_dir: Path = Field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / "perago-cache",
+        description="Folder of the worker-local content cache (one subfolder per worker "
+        "process; those of dead processes are removed at start). Attempts get reflinks or "
+        "copies of its files, never links.",
+    )
+    cache_bytes: int = Field(
+        default=1024**3,
+        ge=0,
+        description="Size bound of the worker-local content cache in bytes (least recently "
+        "used entries are evicted); 0 turns the cache off.",
     )
     http_timeout: timedelta = Field(
         default=timedelta(seconds=60),

@@ -7,6 +7,8 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "ATTEMPTS",
     "BYTES",
+    "CACHE",
+    "CACHE_BYTES_SAVED",
     "FENCE_REJECTIONS",
     "FILES",
     "IN_FLIGHT",
@@ -39,6 +41,14 @@ BYTES = Counter("perago_bytes_total", "Bytes moved between lakeFS and workspaces
 FILES = Counter("perago_files_total", "Files moved between lakeFS and workspaces.", ["direction"])
 LEASE_EXTENSIONS = Counter(
     "perago_lease_extensions_total", "Conductor lease extensions sent.", ["result"]
+)
+CACHE = Counter(
+    "perago_cache_total",
+    "Worker-local content cache: hits, misses, entries added and damaged entries dropped.",
+    ["result"],
+)
+CACHE_BYTES_SAVED = Counter(
+    "perago_cache_bytes_saved_total", "Bytes copied from the content cache instead of lakeFS."
 )
 IN_FLIGHT = Gauge("perago_attempts_in_flight", "Attempts running in this worker.")
 JANITOR_REMOVALS = Counter(

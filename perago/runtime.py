@@ -36,7 +36,7 @@ from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.joins import check_contains
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
-from perago.workspace import AttemptDirectory, compute_diff, materialize
+from perago.workspace import AttemptDirectory, ContentCache, compute_diff, materialize
 
 __all__ = ["SHUTDOWN", "AttemptRunner", "Outcome", "WorkspaceInput", "outcome_of"]
 
@@ -97,12 +97,19 @@ class AttemptRunner:
         self._ledger = ledger
         self._settings = settings
         self._spark = spark
+        # One cache per worker process, shared by all its attempts (perago.workspace.cache).
+        self.cache = (
+            ContentCache(settings.cache_dir, max_bytes=settings.cache_bytes)
+            if settings.cache_bytes > 0
+            else None
+        )
         self._publisher = Publisher(
             store,
             ledger,
             worker_id=settings.worker_id,
             parallelism=settings.transfer_parallelism,
             leases=leases,
+            cache=self.cache,
         )
 
     def run(self, defn: TaskDefinition[Any, Any], task: TaskSnapshot) -> Outcome:
@@ -265,6 +272,7 @@ class AttemptRunner:
                 prefix,
                 attempt_dir.workspace,
                 parallelism=self._settings.transfer_parallelism,
+                cache=self.cache,
             )
             manifest.save(attempt_dir.manifest_path)
             log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)

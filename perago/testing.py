@@ -132,7 +132,9 @@ class MemoryStore:
                 cid = commit.parents[0] if commit.parents else None
             return out
 
-    def create_branch(self, repository: str, name: str, source: str) -> None:
+    def create_branch(
+        self, repository: str, name: str, source: str, *, hidden: bool = False
+    ) -> None:
         with self._lock:
             repo = self._repo(repository)
             if name in repo.branches:
@@ -246,9 +248,8 @@ class MemoryStore:
     def list_objects(self, repository: str, ref: str, prefix: str) -> Iterator[ObjectInfo]:
         for path, data in sorted(self.tree(repository, ref).items()):
             if path.startswith(prefix):
-                yield ObjectInfo(
-                    path, len(data), hashlib.md5(data, usedforsecurity=False).hexdigest()
-                )
+                digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+                yield ObjectInfo(path, len(data), digest, physical_address=f"mem://{digest}")
 
     def download(self, repository: str, ref: str, path: str, dest: IO[bytes]) -> None:
         tree = self.tree(repository, ref)
@@ -260,10 +261,11 @@ class MemoryStore:
 
     def upload(
         self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
-    ) -> str:
+    ) -> ObjectInfo:
         data = source.read_bytes()
         self.upload_bytes(repository, branch, path, data, if_absent=if_absent)
-        return hashlib.md5(data, usedforsecurity=False).hexdigest()
+        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        return ObjectInfo(path, len(data), digest, physical_address=f"mem://{digest}")
 
     def upload_bytes(
         self, repository: str, branch: str, path: str, data: bytes, *, if_absent: bool = False

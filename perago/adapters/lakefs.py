@@ -193,12 +193,15 @@ class LakeFSStore:
         return [_commit(c) for c in result.results]
 
     @_retry_idempotent
-    def create_branch(self, repository: str, name: str, source: str) -> None:
+    def create_branch(
+        self, repository: str, name: str, source: str, *, hidden: bool = False
+    ) -> None:
+        """``hidden``: left out of users' branch lists (lakeFS UI, ``lakectl branch list``)."""
         self._call(
             f"create branch {repository}/{name}",
             self.branches.create_branch,
             repository,
-            lakefs_sdk.BranchCreation(name=name, source=source),
+            lakefs_sdk.BranchCreation(name=name, source=source, hidden=hidden),
         )
 
     @_retry_idempotent
@@ -210,6 +213,7 @@ class LakeFSStore:
 
     @_retry_idempotent
     def list_branches(self, repository: str, *, prefix: str = "") -> list[tuple[str, str]]:
+        """Every branch, hidden ones included (Perago's staging and coordination branches)."""
         found: list[tuple[str, str]] = []
         after = ""
         while True:
@@ -220,6 +224,7 @@ class LakeFSStore:
                 prefix=prefix or None,
                 after=after or None,
                 amount=1000,
+                show_hidden=True,
             )
             found.extend((r.id, r.commit_id) for r in page.results)
             if not page.pagination.has_more:
@@ -354,7 +359,12 @@ class LakeFSStore:
             page = self._list_page(repository, ref, prefix, after)
             for o in page.results:
                 if o.path_type == "object":
-                    yield ObjectInfo(path=o.path, size=int(o.size_bytes or 0), checksum=o.checksum)
+                    yield ObjectInfo(
+                        path=o.path,
+                        size=int(o.size_bytes or 0),
+                        checksum=o.checksum,
+                        physical_address=o.physical_address or "",
+                    )
             if not page.pagination.has_more:
                 return
             after = page.pagination.next_offset
@@ -402,8 +412,8 @@ class LakeFSStore:
     @_retry_idempotent
     def upload(
         self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
-    ) -> str:
-        """Stream a local file to ``branch``; returns the stored checksum."""
+    ) -> ObjectInfo:
+        """Stream a local file to ``branch``; returns what lakeFS stored."""
         what = f"upload {repository}/{branch}/{path}"
         url = self._url(repository, f"branches/{quote(branch, safe='')}/objects", path)
         try:
@@ -429,7 +439,13 @@ class LakeFSStore:
             except urllib3.exceptions.HTTPError as e:
                 raise StoreError(f"lakeFS {what} failed: {e}") from e
         self._check(resp, what)
-        return str(json.loads(resp.data).get("checksum", ""))
+        stats = json.loads(resp.data)
+        return ObjectInfo(
+            path=path,
+            size=int(stats.get("size_bytes") or 0),
+            checksum=str(stats.get("checksum", "")),
+            physical_address=str(stats.get("physical_address", "")),
+        )
 
     def upload_bytes(
         self, repository: str, branch: str, path: str, data: bytes, *, if_absent: bool = False

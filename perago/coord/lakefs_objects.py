@@ -6,7 +6,8 @@ needs (:mod:`perago.coord.generations`). The objects are *uncommitted* writes on
 ``_perago_coord``, created from the repository's default branch on first use: reads on a
 branch see its staged objects, and nothing is ever committed there. Never commit, reset or
 revert that branch (it would drop or freeze the staged state), and keep it out of
-``perago-stg-*`` names so the staging janitor never touches it.
+``perago-stg-*`` names so the staging janitor never touches it. The branch is created
+*hidden*, so users' branch lists (lakeFS UI, ``lakectl branch list``) do not show it.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class _BranchObjects:
             if self._branch not in names:
                 source = self._source or _default_branch(self._lakefs, self._repo)
                 with contextlib.suppress(ConflictError):  # someone else created it first
-                    self._lakefs.create_branch(self._repo, self._branch, source)
+                    self._lakefs.create_branch(self._repo, self._branch, source, hidden=True)
             self._ready = True
 
     def list(self, prefix: str) -> Iterator[ObjectEntry]:

@@ -96,6 +96,9 @@ class LeaseManager:
         self._lock = threading.Lock()
         #: key -> (version, when this manager first saw that version)
         self._seen: dict[str, tuple[str, float]] = {}
+        #: key -> the record this manager last wrote, if its write succeeded: the version
+        #: a release or the next acquire expects (a compare-and-swap on it replaces a read)
+        self._wrote: dict[str, Versioned] = {}
 
     # -- granting ----------------------------------------------------------------------------
 
@@ -105,8 +108,12 @@ class LeaseManager:
             raise ValueError("a lease owner must be a non-empty string")
         key = _key(name)
         deadline = self._clock() + wait.total_seconds()
+        # Our own release is the likely current version: try a swap on it before reading.
+        # Only a released record is trusted this way (a held one must be watched); if
+        # anything was written since, the swap fails and the loop reads as usual.
+        guess = self._last_written(key, name, held=False)
         while True:
-            current = self._store.get(key)
+            current, guess = (guess, None) if guess is not None else (self._store.get(key), None)
             record = _parse(name, current)
             if record is not None and record.held and not self._stale(key, record):
                 now = self._clock()
@@ -123,10 +130,9 @@ class LeaseManager:
             sent = self._clock()
             token = _next_token(current, record)
             expected = current.version if current else None
+            body = _encode(owner, token or 0, self._ttl, None)
             try:
-                version = self._store.set_if(
-                    key, _encode(owner, token or 0, self._ttl, None), expected
-                )
+                version = self._set(key, body, expected)
             except PredicateFailedError:
                 continue  # someone else moved first: look again
             if token is None:
@@ -147,7 +153,7 @@ class LeaseManager:
         # generation of the write that created it, recorded by a second write.
         token = generation(version) or 1
         try:
-            self._store.set_if(key, _encode(owner, token, self._ttl, None), version)
+            self._set(key, _encode(owner, token, self._ttl, None), version)
         except PredicateFailedError as e:
             raise LeaseLostError(
                 f"lease {name!r} changed right after {owner!r} acquired it; acquire again"
@@ -162,7 +168,7 @@ class LeaseManager:
             sent = self._clock()
             body = _encode(grant.owner, grant.token, self._ttl, record.acquired_at)
             try:
-                self._store.set_if(key, body, current.version)
+                self._set(key, body, current.version)
             except PredicateFailedError:
                 continue  # taken over (the re-read raises LeaseLostError) or renewed meanwhile
             return replace(grant, expires_at=sent + self._ttl)
@@ -187,12 +193,24 @@ class LeaseManager:
     def release(self, grant: Grant) -> None:
         """Give the lease up (keeping its token for the next grant); no-op if already lost."""
         key = _key(grant.name)
+        # The version this manager wrote for the grant is the expected one unless someone
+        # took over: swap on it without a read first; the read path decides otherwise.
+        current = self._last_written(key, grant.name, held=True)
+        record = _parse(grant.name, current)
+        if current is not None and record is not None and _same(record, grant):
+            try:
+                self._set(key, json.dumps(_released(record)).encode(), current.version)
+            except PredicateFailedError:
+                pass
+            else:
+                log.info("lease_released", lease=grant.name, owner=grant.owner, token=grant.token)
+                return
         current = self._store.get(key)
         record = _parse(grant.name, current)
         if current is None or record is None or not _same(record, grant):
             return
         try:
-            self._store.set_if(key, json.dumps(_released(record)).encode(), current.version)
+            self._set(key, json.dumps(_released(record)).encode(), current.version)
         except PredicateFailedError:
             return  # taken over meanwhile: nothing of ours to release
         log.info("lease_released", lease=grant.name, owner=grant.owner, token=grant.token)
@@ -252,6 +270,23 @@ class LeaseManager:
         return [r.name for r in self.expired(prefix) if self.remove(r)]
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _set(self, key: str, body: bytes, expected: str | None) -> str:
+        """A conditional write; remembers what was written only if it surely landed."""
+        with self._lock:
+            self._wrote.pop(key, None)
+        version = self._store.set_if(key, body, expected)
+        with self._lock:
+            self._wrote[key] = Versioned(body, version)
+        return version
+
+    def _last_written(self, key: str, name: str, *, held: bool) -> Versioned | None:
+        with self._lock:
+            last = self._wrote.get(key)
+        record = _parse(name, last)
+        if last is None or record is None or record.held != held:
+            return None
+        return last
 
     def _ours(self, grant: Grant) -> tuple[Versioned, LeaseRecord]:
         current = self._store.get(_key(grant.name))

@@ -29,6 +29,7 @@ COMMAND = "perago dev settings-doc"
 #: described, since their value differs from machine to machine.
 _COMPUTED_DEFAULTS = {
     "work_dir": "`$TMPDIR/perago` (usually `/tmp/perago`)",
+    "cache_dir": "`$TMPDIR/perago-cache` (usually `/tmp/perago-cache`)",
     "worker_id": "`<hostname>-<pid>`",
     "spark_ivy_dir": "`~/.cache/perago/ivy`",
 }

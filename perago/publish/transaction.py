@@ -38,7 +38,7 @@ from perago.publish.identity import (
 )
 from perago.publish.scope import scope_markers
 from perago.store import Commit, VersionStore
-from perago.workspace import Diff, upload_all
+from perago.workspace import ContentCache, Diff, upload_all
 
 __all__ = ["HISTORY_LIMIT", "Publisher"]
 
@@ -58,10 +58,12 @@ class Publisher:
         ledger: AttemptLedger,
         *,
         worker_id: str,
-        parallelism: int = 8,
+        parallelism: int = 25,
         leases: BranchLeases | None = None,
+        cache: ContentCache | None = None,
     ) -> None:
         self._store = store
+        self._cache = cache
         self._ledger = ledger
         self._worker_id = worker_id
         self._parallelism = parallelism
@@ -175,6 +177,7 @@ class Publisher:
             workspace,
             diff.uploads,
             parallelism=self._parallelism,
+            cache=self._cache,
         )
         if diff.deleted:
             self._store.delete_objects(repo, branch, [prefix + p for p in diff.deleted])
@@ -187,12 +190,13 @@ class Publisher:
 
     def _create_staging_branch(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
         repo, branch = target.repository, staging_branch_name(me)
+        # Hidden: users' branch lists stay clean; the janitor lists hidden branches too.
         try:
-            self._store.create_branch(repo, branch, target.input_ref)
+            self._store.create_branch(repo, branch, target.input_ref, hidden=True)
         except ConflictError:
             # Only this very delivery uses this name: a leftover of an earlier try of ours.
             self._store.delete_branch(repo, branch)
-            self._store.create_branch(repo, branch, target.input_ref)
+            self._store.create_branch(repo, branch, target.input_ref, hidden=True)
         return branch
 
     def _commit_staging(
@@ -399,7 +403,7 @@ class Publisher:
     def _read_head(self, target: WorkspaceTarget) -> tuple[Commit, list[Commit]]:
         """The target head and, when it moved past the input ref, its first-parent chain."""
         repo = target.repository
-        head = self._store.get_commit(repo, self._store.branch_head(repo, target.branch))
+        head = self._store.get_commit(repo, target.branch)  # a branch name reads its head
         if head.id == target.input_ref or head.parents[:1] == (target.input_ref,):
             return head, [head]
         return head, self._store.log(repo, head.id, amount=HISTORY_LIMIT)

@@ -1,11 +1,13 @@
 """The attempt-local workspace: a private directory, its manifest, and the diff."""
 
+from perago.workspace.cache import ContentCache
 from perago.workspace.directory import AttemptDirectory
 from perago.workspace.manifest import Diff, Manifest, ManifestEntry, compute_diff, scan
 from perago.workspace.transfer import local_path_for, materialize, upload_all
 
 __all__ = [
     "AttemptDirectory",
+    "ContentCache",
     "Diff",
     "Manifest",
     "ManifestEntry",

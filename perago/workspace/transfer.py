@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -12,7 +14,8 @@ from typing import IO, TypeVar
 
 from perago.errors import UnsafePathError, WorkspaceError
 from perago.store import ObjectInfo, VersionStore
-from perago.workspace.manifest import Manifest, ManifestEntry
+from perago.workspace.cache import ContentCache
+from perago.workspace.manifest import Manifest, ManifestEntry, file_md5
 
 __all__ = ["local_path_for", "materialize", "run_parallel", "upload_all"]
 
@@ -22,13 +25,15 @@ T = TypeVar("T")
 class _HashingWriter:
     """A file wrapper that hashes what passes through, so downloads are read once."""
 
-    def __init__(self, f: IO[bytes]) -> None:
+    def __init__(self, f: IO[bytes], *, hash_it: bool = True) -> None:
         self._f = f
+        self._hash = hash_it
         self.md5 = hashlib.md5(usedforsecurity=False)
         self.size = 0
 
     def write(self, b: bytes) -> int:
-        self.md5.update(b)
+        if self._hash:
+            self.md5.update(b)
         self.size += len(b)
         return self._f.write(b)
 
@@ -69,6 +74,14 @@ def run_parallel(items: Iterable[T], fn: Callable[[T], None], *, parallelism: in
             f.result()
 
 
+_MD5_HEX = re.compile(r"[0-9a-f]{32}")
+
+
+def _md5_hex(checksum: str) -> bool:
+    """lakeFS's checksum is the content MD5 for plain uploads (not for multipart or links)."""
+    return _MD5_HEX.fullmatch(checksum) is not None
+
+
 def materialize(
     store: VersionStore,
     repository: str,
@@ -77,8 +90,15 @@ def materialize(
     root: Path,
     *,
     parallelism: int,
+    cache: ContentCache | None = None,
 ) -> Manifest:
-    """Download ``prefix`` at ``ref`` into ``root`` and return what was written."""
+    """Download ``prefix`` at ``ref`` into ``root`` and return what was written.
+
+    With a ``cache``, objects it holds are copied from it instead (see
+    :mod:`perago.workspace.cache`), and what is downloaded is added to it. The manifest
+    takes lakeFS's checksum where it is the content MD5, so bytes are not hashed on the way
+    in; sizes are always checked.
+    """
     manifest = Manifest()
     # Zero-byte "folder/" markers (made by S3 consoles and tools) are directories, not files.
     objects = [
@@ -91,29 +111,28 @@ def materialize(
     except UnsafePathError as e:
         raise UnsafePathError(e.message, non_retryable=True) from e  # a retry sees the same
 
+    made: set[Path] = set()
+
     def fetch(item: tuple[ObjectInfo, Path]) -> None:
         obj, dest = item
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".perago-dl-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                writer = _HashingWriter(f)
-                store.download(repository, ref, obj.path, writer)  # type: ignore[arg-type]
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        if writer.size != obj.size:
-            raise WorkspaceError(
-                f"download of {obj.path} at {ref} returned {writer.size} bytes, lakeFS lists "
-                f"{obj.size}; retry the task"
-            )
-        st = os.stat(dest)
+        if dest.parent not in made:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            made.add(dest.parent)
+        key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
+        trusted = _md5_hex(obj.checksum)
+        st = cache.copy_to(key, dest) if cache is not None and key is not None else None
+        if st is not None:
+            checksum = obj.checksum if trusted else file_md5(dest)
+        else:
+            checksum = _download(store, repository, ref, obj, dest, hash_it=not trusted)
+            if cache is not None and key is not None:
+                cache.add_downloaded(key, dest, obj.size)
+            st = os.stat(dest)
         manifest.add(
             ManifestEntry(
                 obj.path[len(prefix) :],
-                writer.size,
-                writer.md5.hexdigest(),
+                obj.size,
+                checksum,
                 ctime_ns=st.st_ctime_ns,
                 ino=st.st_ino,
             )
@@ -122,6 +141,27 @@ def materialize(
     run_parallel(targets, fetch, parallelism=parallelism)
     manifest.settle(root)
     return manifest
+
+
+def _download(
+    store: VersionStore, repository: str, ref: str, obj: ObjectInfo, dest: Path, *, hash_it: bool
+) -> str:
+    """Download one object next to ``dest`` and rename it there; its checksum."""
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".perago-dl-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            writer = _HashingWriter(f, hash_it=hash_it)
+            store.download(repository, ref, obj.path, writer)  # type: ignore[arg-type]
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if writer.size != obj.size:
+        raise WorkspaceError(
+            f"download of {obj.path} at {ref} returned {writer.size} bytes, lakeFS lists "
+            f"{obj.size}; retry the task"
+        )
+    return writer.md5.hexdigest() if hash_it else obj.checksum
 
 
 def upload_all(
@@ -133,8 +173,20 @@ def upload_all(
     paths: Iterable[str],
     *,
     parallelism: int,
+    cache: ContentCache | None = None,
 ) -> None:
+    """Upload ``paths`` (relative to ``root``) under ``prefix``; seed ``cache`` with them."""
+
     def put(rel: str) -> None:
-        store.upload(repository, branch, prefix + rel, root / rel)
+        source = root / rel
+        before: os.stat_result | None = None
+        if cache is not None:
+            with contextlib.suppress(OSError):  # the upload reports an unreadable file
+                before = os.stat(source)
+        stored = store.upload(repository, branch, prefix + rel, source)
+        if cache is not None and before is not None:
+            key = cache.key(stored.checksum, stored.physical_address, stored.size)
+            if key is not None:
+                cache.add_file(key, source, stored.size, before=before)
 
     run_parallel(list(paths), put, parallelism=parallelism)

@@ -43,6 +43,8 @@ def test_orphan_staging_branch_removed_live_one_kept(
     with worker({**quiet, "PERAGO_FAILPOINTS": "after_stage=kill"}, tmp_path / "killed.log") as w:
         assert w.proc.wait(timeout=60) == -signal.SIGKILL
     [orphan] = staging_branches(store, repo)
+    # hidden from users' branch lists (lakeFS UI, lakectl), found by the janitor all the same
+    assert orphan not in {b.id for b in store.branches.list_branches(repo).results}
 
     # the retry pauses right after staging: its branch belongs to a live attempt
     with worker(

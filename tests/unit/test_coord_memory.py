@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
 import pytest
@@ -17,7 +18,7 @@ from perago.coord import (
     build_store,
     generation,
 )
-from perago.coord.generations import GenerationLogStore
+from perago.coord.generations import GenerationLogStore, ObjectEntry
 from perago.coord.put_and_verify import (
     INTENT,
     MemoryObjects,
@@ -109,10 +110,73 @@ def test_a_stalled_writer_gives_up_instead_of_resurrecting_a_pruned_generation()
         engine, "r", keep=1, prune_grace=timedelta(seconds=60), clock=clock.now
     )
     v = log.set_if("k", b"0", None)
-    stall = 31.0  # more than half the grace between listing and creating
+    # Another process (nothing cached) lists, and stalls more than half the grace before
+    # creating.
+    other = GenerationLogStore(
+        engine, "r", keep=1, prune_grace=timedelta(seconds=60), clock=clock.now
+    )
+    stall = 31.0
     with pytest.raises(PredicateFailedError, match="too long"):
-        log.set_if("k", b"1", v)
+        other.set_if("k", b"1", v)
     assert log.get("k") is not None
+
+
+class CountingLog:
+    """An :class:`ObjectLog` with atomic create-if-absent (like lakeFS), counting requests."""
+
+    def __init__(self) -> None:
+        self.objects = MemoryObjects()
+        self.calls: list[str] = []
+        self._lock = threading.Lock()
+
+    def list(self, prefix: str) -> Iterator[ObjectEntry]:
+        self.calls.append("list")
+        return self.objects.list(prefix)
+
+    def read(self, path: str) -> bytes | None:
+        self.calls.append("read")
+        return self.objects.get(path)
+
+    def create(self, path: str, data: bytes, *, deadline: float) -> bool:
+        self.calls.append("create")
+        with self._lock:
+            if self.objects.get(path) is not None:
+                return False
+            self.objects.put(path, data)
+            return True
+
+    def delete(self, paths: Sequence[str]) -> None:
+        for p in paths:
+            self.objects.delete(p)
+
+
+def test_a_known_key_is_read_with_one_probe_and_written_without_a_listing() -> None:
+    objects = CountingLog()
+    clock = FakeClock()
+    log = GenerationLogStore(objects, "r", prune_grace=timedelta(seconds=60), clock=clock.now)
+    other = GenerationLogStore(objects, "r", clock=clock.now)
+    v1 = log.set_if("k", b"a", None)
+    objects.calls.clear()
+    assert log.get("k") == Versioned(b"a", v1)
+    assert objects.calls == ["read"]  # g2 is absent: g1 (known) is the value
+    objects.calls.clear()
+    v2 = log.set_if("k", b"b", v1)
+    assert objects.calls == ["create"]
+    # A write by someone else is seen by the next read (read-after-write), and a write on
+    # the stale version fails.
+    v3 = other.set_if("k", b"c", v2)
+    assert log.get("k") == Versioned(b"c", v3)
+    with pytest.raises(PredicateFailedError):
+        log.set_if("k", b"x", v2)
+    v4 = other.set_if("k", b"d", v3)
+    with pytest.raises(PredicateFailedError):
+        log.set_if("k", b"y", v3)  # the cache says v3: the create of g4 fails
+    assert log.get("k") == Versioned(b"d", v4)
+    # Knowledge older than half the grace is never trusted: the key is listed again.
+    clock.sleep(31)
+    objects.calls.clear()
+    assert log.get("k") == Versioned(b"d", v4)
+    assert objects.calls[0] == "list"
 
 
 def test_scan_ignores_intention_files_and_foreign_objects() -> None:

@@ -1,0 +1,239 @@
+"""The worker-local content cache on real files: what a task body does can never reach it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from perago.testing import MemoryStore
+from perago.workspace import ContentCache, materialize, upload_all
+from perago.workspace.cache import clone_file
+
+REPO = "r"
+
+
+class CountingStore(MemoryStore):
+    """The in-memory store, counting downloads (what the cache saves)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.downloads = 0
+        self._count = threading.Lock()
+
+    def download(self, repository: str, ref: str, path: str, dest):  # type: ignore[no-untyped-def]
+        with self._count:
+            self.downloads += 1
+        return super().download(repository, ref, path, dest)
+
+
+@pytest.fixture
+def store() -> CountingStore:
+    s = CountingStore()
+    s.create_repository(REPO)
+    return s
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Iterator[ContentCache]:
+    c = ContentCache(tmp_path / "cache", max_bytes=1 << 20)
+    yield c
+    c.close()
+
+
+def _publish(store: CountingStore, files: dict[str, bytes], tmp: Path, cache: ContentCache) -> str:
+    """Upload ``files`` through ``upload_all`` (seeding the cache) and commit them on main."""
+    src = tmp / "src"
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    upload_all(store, REPO, "main", "d/", src, list(files), parallelism=4, cache=cache)
+    return store.commit(REPO, "main", message="m", metadata={}).id
+
+
+def _read(store: CountingStore, ref: str, root: Path, cache: ContentCache | None) -> None:
+    root.mkdir(parents=True)
+    materialize(store, REPO, ref, "d/", root, parallelism=4, cache=cache)
+
+
+def test_what_a_worker_published_is_read_back_from_the_cache(
+    store: CountingStore, cache: ContentCache, tmp_path: Path
+) -> None:
+    ref = _publish(store, {"a.bin": b"a" * 1000, "sub/b.bin": b"b" * 10}, tmp_path, cache)
+    assert len(cache) == 2
+    _read(store, ref, tmp_path / "attempt", cache)
+    assert store.downloads == 0
+    assert (tmp_path / "attempt" / "a.bin").read_bytes() == b"a" * 1000
+    assert (tmp_path / "attempt" / "sub" / "b.bin").read_bytes() == b"b" * 10
+
+
+def test_a_body_rewriting_or_appending_in_place_never_changes_the_cache(
+    store: CountingStore, cache: ContentCache, tmp_path: Path
+) -> None:
+    ref = _publish(store, {"a.bin": b"a" * 1000}, tmp_path, cache)
+    # the uploaded file itself is changed after the upload (a body's background writer)
+    with (tmp_path / "src" / "a.bin").open("r+b") as f:
+        f.write(b"X" * 10)
+    first = tmp_path / "first"
+    _read(store, ref, first, cache)
+    target = first / "a.bin"
+    assert os.stat(target).st_nlink == 1  # its own inode: never a shared hard link
+    with target.open("r+b") as f:  # in-place rewrite
+        f.write(b"Y" * 1000)
+    with target.open("ab") as f:  # append
+        f.write(b"Z" * 100)
+    second = tmp_path / "second"
+    _read(store, ref, second, cache)
+    assert (second / "a.bin").read_bytes() == b"a" * 1000
+    assert store.downloads == 0
+
+
+def test_a_truncated_or_rewritten_entry_is_dropped_and_downloaded_instead(
+    store: CountingStore, cache: ContentCache, tmp_path: Path
+) -> None:
+    ref = _publish(store, {"a.bin": b"a" * 1000, "b.bin": b"b" * 1000}, tmp_path, cache)
+    a_entry, b_entry = sorted(cache.root.iterdir())
+    for entry, damage in ((a_entry, "truncate"), (b_entry, "rewrite")):
+        os.chmod(entry, 0o600)
+        if damage == "truncate":
+            os.truncate(entry, 10)
+        else:
+            entry.write_bytes(b"?" * 1000)  # same size, other bytes
+    _read(store, ref, tmp_path / "attempt", cache)
+    assert store.downloads == 2
+    assert (tmp_path / "attempt" / "a.bin").read_bytes() == b"a" * 1000
+    assert (tmp_path / "attempt" / "b.bin").read_bytes() == b"b" * 1000
+    # the downloads were added back, intact
+    _read(store, ref, tmp_path / "again", cache)
+    assert store.downloads == 2
+    assert (tmp_path / "again" / "a.bin").read_bytes() == b"a" * 1000
+
+
+def test_concurrent_attempts_read_the_same_objects(store: CountingStore, tmp_path: Path) -> None:
+    cache = ContentCache(tmp_path / "cache", max_bytes=1 << 22)
+    files = {f"p{i % 3}/f{i}.bin": os.urandom(2000 + i) for i in range(40)}
+    src = tmp_path / "src"
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    store_files = list(files)
+    upload_all(store, REPO, "main", "d/", src, store_files, parallelism=4)  # cache stays cold
+    ref = store.commit(REPO, "main", message="m", metadata={}).id
+    errors: list[BaseException] = []
+
+    def attempt(n: int) -> None:
+        try:
+            root = tmp_path / f"attempt-{n}"
+            _read(store, ref, root, cache)
+            for rel, data in files.items():
+                assert (root / rel).read_bytes() == data
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def together(numbers: range) -> None:
+        threads = [threading.Thread(target=attempt, args=(n,)) for n in numbers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+
+    together(range(3))  # cold: they race to download and add the same objects
+    assert len(cache) == len(files)
+    cold = store.downloads
+    together(range(3, 9))  # warm: all copy the same entries at once
+    assert store.downloads == cold
+    cache.close()
+
+
+def test_eviction_keeps_the_cache_under_its_byte_limit_least_recently_used_first(
+    tmp_path: Path,
+) -> None:
+    cache = ContentCache(tmp_path / "cache", max_bytes=3000)
+    src = tmp_path / "f"
+    keys = []
+    for i in range(3):
+        src.write_bytes(bytes([i]) * 1000)
+        key = ContentCache.key(f"c{i}", f"addr{i}", 1000)
+        assert key is not None
+        assert cache.add_file(key, src, 1000, before=os.stat(src))
+        keys.append(key)
+    assert cache.copy_to(keys[0], tmp_path / "out")  # key 0 is now the most recently used
+    src.write_bytes(b"\x09" * 1500)
+    key3 = ContentCache.key("c3", "addr3", 1500)
+    assert key3 is not None and cache.add_file(key3, src, 1500, before=os.stat(src))
+    assert cache.total_bytes <= 3000
+    assert sum(p.stat().st_size for p in cache.root.iterdir()) == cache.total_bytes
+    assert not cache.copy_to(keys[1], tmp_path / "out")  # evicted: least recently used
+    assert not cache.copy_to(keys[2], tmp_path / "out")
+    assert cache.copy_to(keys[0], tmp_path / "out")
+    assert (tmp_path / "out").read_bytes() == b"\x00" * 1000
+    # larger than the whole cache: never added
+    src.write_bytes(b"x" * 4000)
+    big = ContentCache.key("c4", "addr4", 4000)
+    assert big is not None and not cache.add_file(big, src, 4000, before=os.stat(src))
+    cache.close()
+
+
+def test_a_file_changed_during_upload_is_not_added(tmp_path: Path) -> None:
+    cache = ContentCache(tmp_path / "cache", max_bytes=1 << 20)
+    src = tmp_path / "f"
+    src.write_bytes(b"a" * 100)
+    before = os.stat(src)
+    with src.open("ab") as f:
+        f.write(b"more")
+    key = ContentCache.key("c", "addr", 100)
+    assert key is not None and not cache.add_file(key, src, 100, before=before)
+    assert len(cache) == 0
+    cache.close()
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm (tmpfs)")
+def test_a_cache_on_another_filesystem_than_the_attempt_directory(
+    store: CountingStore, tmp_path: Path
+) -> None:
+    shm = Path("/dev/shm") / f"perago-test-cache-{os.getpid()}"
+    cache = ContentCache(shm, max_bytes=1 << 20)
+    try:
+        assert os.stat(shm).st_dev != os.stat(tmp_path).st_dev
+        ref = _publish(store, {"a.bin": b"a" * 5000}, tmp_path, cache)
+        _read(store, ref, tmp_path / "attempt", cache)
+        assert store.downloads == 0
+        out = tmp_path / "attempt" / "a.bin"
+        assert out.read_bytes() == b"a" * 5000
+        with out.open("ab") as f:
+            f.write(b"!")
+        _read(store, ref, tmp_path / "again", cache)
+        assert (tmp_path / "again" / "a.bin").read_bytes() == b"a" * 5000
+    finally:
+        cache.close()
+        shm.rmdir()
+
+
+def test_clone_file_copies_into_a_separate_inode(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"x" * 3_000_000)
+    src, dst = os.open(a, os.O_RDONLY), os.open(b, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        how = clone_file(src, dst, 3_000_000)
+    finally:
+        os.close(src)
+        os.close(dst)
+    assert how in ("reflink", "copy")
+    assert b.read_bytes() == a.read_bytes() and os.stat(a).st_ino != os.stat(b).st_ino
+
+
+def test_directories_of_dead_processes_are_removed_at_start(tmp_path: Path) -> None:
+    dead = tmp_path / "cache" / "proc-999999999-deadbeef"
+    dead.mkdir(parents=True)
+    (dead / "x").write_bytes(b"stale")
+    alive = tmp_path / "cache" / f"proc-{os.getpid()}-cafebabe"
+    alive.mkdir()
+    cache = ContentCache(tmp_path / "cache", max_bytes=10)
+    assert not dead.exists() and alive.exists()
+    assert cache.root.parent == tmp_path / "cache"
+    cache.close()
+    assert not cache.root.exists()
