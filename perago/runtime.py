@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perago import failpoints, metrics
 from perago.config import Settings
-from perago.context import AttemptInfo, _current
+from perago.context import AttemptInfo, attempt_context
 from perago.coord.branch_leases import BranchLeases
 from perago.errors import (
     AttemptFenceError,
@@ -38,7 +38,14 @@ from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.workspace import AttemptDirectory, ContentCache, compute_diff, materialize
 
-__all__ = ["SHUTDOWN", "AttemptRunner", "Outcome", "WorkspaceInput", "outcome_of"]
+__all__ = [
+    "SHUTDOWN",
+    "AttemptRunner",
+    "Outcome",
+    "WorkspaceInput",
+    "check_result",
+    "outcome_of",
+]
 
 #: What an attempt interrupted by the worker's drain reports (Conductor retries it).
 SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
@@ -338,7 +345,7 @@ class AttemptRunner:
         log.info("body_finished")
         failpoints.hit("after_body")
         step[0] = "post-guardrail"
-        return self._post_guardrails(defn, result)
+        return check_result(defn, result)
 
     def _call_body(
         self,
@@ -348,20 +355,18 @@ class AttemptRunner:
         params: BaseModel,
         workspace: Any,
     ) -> Any:
-        token = _current.set(
-            AttemptInfo(
-                workflow_id=me.workflow_id,
-                task_id=me.task_id,
-                task_type=me.task_type,
-                reference_name=me.reference_name,
-                retry_count=me.retry_count,
-                poll_count=me.poll_count,
-                repository=target.repository,
-                branch=target.branch,
-                input_ref=target.input_ref,
-            )
+        current = AttemptInfo(
+            workflow_id=me.workflow_id,
+            task_id=me.task_id,
+            task_type=me.task_type,
+            reference_name=me.reference_name,
+            retry_count=me.retry_count,
+            poll_count=me.poll_count,
+            repository=target.repository,
+            branch=target.branch,
+            input_ref=target.input_ref,
         )
-        try:
+        with attempt_context(current):
             if defn.wants_spark:
                 if self._spark is None:
                     raise TaskError(
@@ -371,25 +376,6 @@ class AttemptRunner:
                     )
                 return defn.fn(workspace, params, spark=self._spark())
             return defn.fn(workspace, params)
-        finally:
-            _current.reset(token)
-
-    @staticmethod
-    def _post_guardrails(defn: TaskDefinition[Any, Any], result: Any) -> BaseModel:
-        if isinstance(result, BaseModel) and not isinstance(result, defn.result_type):
-            raise ResultValidationError(
-                f"{defn.name} returned a {type(result).__name__}, declared "
-                f"{defn.result_type.__name__}; return the declared result model"
-            )
-        data = result.model_dump() if isinstance(result, BaseModel) else result
-        try:
-            checked: BaseModel = defn.result_type.model_validate(data)
-            return checked
-        except ValidationError as e:
-            raise ResultValidationError(
-                f"the result of {defn.name} does not validate as {defn.result_type.__name__}: "
-                f"{_validation_summary(e)}"
-            ) from e
 
     @staticmethod
     def _completed(target: WorkspaceTarget, ref: str, result: BaseModel) -> Outcome:
@@ -404,3 +390,21 @@ class AttemptRunner:
                 "result": result.model_dump(mode="json"),
             },
         )
+
+
+def check_result(defn: TaskDefinition[Any, Any], result: Any) -> BaseModel:
+    """Post-guardrail: the body's result as the declared model (ResultValidationError)."""
+    if isinstance(result, BaseModel) and not isinstance(result, defn.result_type):
+        raise ResultValidationError(
+            f"{defn.name} returned a {type(result).__name__}, declared "
+            f"{defn.result_type.__name__}; return the declared result model"
+        )
+    data = result.model_dump() if isinstance(result, BaseModel) else result
+    try:
+        checked: BaseModel = defn.result_type.model_validate(data)
+        return checked
+    except ValidationError as e:
+        raise ResultValidationError(
+            f"the result of {defn.name} does not validate as {defn.result_type.__name__}: "
+            f"{_validation_summary(e)}"
+        ) from e
