@@ -30,6 +30,7 @@ from perago.errors import (
     TaskError,
     WorkerShutdown,
 )
+from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.joins import check_contains
@@ -100,6 +101,7 @@ class AttemptRunner:
         leases: BranchLeases | None = None,
     ) -> None:
         self._store = store
+        self._ledger = ledger
         self._settings = settings
         self._spark = spark
         # One cache per worker process, shared by all its attempts (perago.workspace.cache).
@@ -139,12 +141,16 @@ class AttemptRunner:
             target, params = self._pre_guardrails(defn, task.input, me)
             # the scope is recorded in every commit of this attempt (perago.publish.scope)
             me = dataclasses.replace(me, scope=defn.workspace.render(params))
+            if not defn.workspace.read_only and isinstance(self._ledger, ParentSteps):
+                # a step of a retried sub-workflow is the same logical step (perago.lineage)
+                key, retries = step_lineage(self._ledger, me.workflow_id, me.reference_name)
+                me = dataclasses.replace(me, step_key=key, lineage_retries=retries)
         except GuardrailError as e:
             log.warning("pre_guardrails_failed", reason=e.message)
             return outcome_of(e, where="pre-guardrail")
         except PeragoError as e:
             log.warning("pre_guardrails_unavailable", reason=e.message)
-            return outcome_of(e, where="pre-guardrail (store unavailable)")
+            return outcome_of(e, where="pre-guardrail (store or Conductor unavailable)")
         log = log.bind(
             repository=target.repository,
             branch=target.branch,
