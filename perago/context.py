@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-__all__ = ["AttemptInfo", "info"]
+__all__ = ["AttemptInfo", "attempt_context", "info"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,17 @@ class AttemptInfo:
 
 
 _current: ContextVar[AttemptInfo | None] = ContextVar("perago_attempt", default=None)
+
+
+@contextmanager
+def attempt_context(current: AttemptInfo) -> Iterator[AttemptInfo]:
+    """Make ``current`` what :func:`info` returns in this context (the runner, and
+    ``perago.testing.TaskEnvironment`` for tests of task functions)."""
+    token = _current.set(current)
+    try:
+        yield current
+    finally:
+        _current.reset(token)
 
 
 def info() -> AttemptInfo:

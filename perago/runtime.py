@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perago import failpoints, metrics
 from perago.config import Settings
-from perago.context import AttemptInfo, _current
-from perago.coord.branch_leases import BranchLeases
+from perago.context import AttemptInfo, attempt_context
+from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.errors import (
     AttemptFenceError,
     GuardrailError,
@@ -30,6 +30,7 @@ from perago.errors import (
     TaskError,
     WorkerShutdown,
 )
+from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.joins import check_contains
@@ -37,7 +38,14 @@ from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.workspace import AttemptDirectory, ContentCache, compute_diff, materialize
 
-__all__ = ["SHUTDOWN", "AttemptRunner", "Outcome", "WorkspaceInput", "outcome_of"]
+__all__ = [
+    "SHUTDOWN",
+    "AttemptRunner",
+    "Outcome",
+    "WorkspaceInput",
+    "check_result",
+    "outcome_of",
+]
 
 #: What an attempt interrupted by the worker's drain reports (Conductor retries it).
 SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
@@ -93,6 +101,7 @@ class AttemptRunner:
         leases: BranchLeases | None = None,
     ) -> None:
         self._store = store
+        self._ledger = ledger
         self._settings = settings
         self._spark = spark
         # One cache per worker process, shared by all its attempts (perago.workspace.cache).
@@ -132,12 +141,16 @@ class AttemptRunner:
             target, params = self._pre_guardrails(defn, task.input, me)
             # the scope is recorded in every commit of this attempt (perago.publish.scope)
             me = dataclasses.replace(me, scope=defn.workspace.render(params))
+            if not defn.workspace.read_only and isinstance(self._ledger, ParentSteps):
+                # a step of a retried sub-workflow is the same logical step (perago.lineage)
+                key, retries = step_lineage(self._ledger, me.workflow_id, me.reference_name)
+                me = dataclasses.replace(me, step_key=key, lineage_retries=retries)
         except GuardrailError as e:
             log.warning("pre_guardrails_failed", reason=e.message)
             return outcome_of(e, where="pre-guardrail")
         except PeragoError as e:
             log.warning("pre_guardrails_unavailable", reason=e.message)
-            return outcome_of(e, where="pre-guardrail (store unavailable)")
+            return outcome_of(e, where="pre-guardrail (store or Conductor unavailable)")
         log = log.bind(
             repository=target.repository,
             branch=target.branch,
@@ -283,8 +296,9 @@ class AttemptRunner:
             diff = compute_diff(manifest, attempt_dir.workspace)
             log.info("diffed", **diff.summary())
             step[0] = "publish"
-            ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff, log)
-            return self._completed(target, ref, checked)
+            with self._publisher.lease_for_report() as kept:
+                ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff, log)
+            return self._completed(target, ref, checked, kept.lease)
 
     def _run_in_place(
         self,
@@ -314,8 +328,9 @@ class AttemptRunner:
             raise
         step[0] = "publish"
         # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
-        ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
-        return self._completed(target, ref, checked)
+        with self._publisher.lease_for_report() as kept:
+            ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
+        return self._completed(target, ref, checked, kept.lease)
 
     def _body_and_checks(
         self,
@@ -332,7 +347,7 @@ class AttemptRunner:
         log.info("body_finished")
         failpoints.hit("after_body")
         step[0] = "post-guardrail"
-        return self._post_guardrails(defn, result)
+        return check_result(defn, result)
 
     def _call_body(
         self,
@@ -342,20 +357,18 @@ class AttemptRunner:
         params: BaseModel,
         workspace: Any,
     ) -> Any:
-        token = _current.set(
-            AttemptInfo(
-                workflow_id=me.workflow_id,
-                task_id=me.task_id,
-                task_type=me.task_type,
-                reference_name=me.reference_name,
-                retry_count=me.retry_count,
-                poll_count=me.poll_count,
-                repository=target.repository,
-                branch=target.branch,
-                input_ref=target.input_ref,
-            )
+        current = AttemptInfo(
+            workflow_id=me.workflow_id,
+            task_id=me.task_id,
+            task_type=me.task_type,
+            reference_name=me.reference_name,
+            retry_count=me.retry_count,
+            poll_count=me.poll_count,
+            repository=target.repository,
+            branch=target.branch,
+            input_ref=target.input_ref,
         )
-        try:
+        with attempt_context(current):
             if defn.wants_spark:
                 if self._spark is None:
                     raise TaskError(
@@ -365,28 +378,11 @@ class AttemptRunner:
                     )
                 return defn.fn(workspace, params, spark=self._spark())
             return defn.fn(workspace, params)
-        finally:
-            _current.reset(token)
 
     @staticmethod
-    def _post_guardrails(defn: TaskDefinition[Any, Any], result: Any) -> BaseModel:
-        if isinstance(result, BaseModel) and not isinstance(result, defn.result_type):
-            raise ResultValidationError(
-                f"{defn.name} returned a {type(result).__name__}, declared "
-                f"{defn.result_type.__name__}; return the declared result model"
-            )
-        data = result.model_dump() if isinstance(result, BaseModel) else result
-        try:
-            checked: BaseModel = defn.result_type.model_validate(data)
-            return checked
-        except ValidationError as e:
-            raise ResultValidationError(
-                f"the result of {defn.name} does not validate as {defn.result_type.__name__}: "
-                f"{_validation_summary(e)}"
-            ) from e
-
-    @staticmethod
-    def _completed(target: WorkspaceTarget, ref: str, result: BaseModel) -> Outcome:
+    def _completed(
+        target: WorkspaceTarget, ref: str, result: BaseModel, lease: HeldLease | None = None
+    ) -> Outcome:
         return Outcome(
             "COMPLETED",
             output={
@@ -397,4 +393,23 @@ class AttemptRunner:
                 },
                 "result": result.model_dump(mode="json"),
             },
+            lease=lease,
         )
+
+
+def check_result(defn: TaskDefinition[Any, Any], result: Any) -> BaseModel:
+    """Post-guardrail: the body's result as the declared model (ResultValidationError)."""
+    if isinstance(result, BaseModel) and not isinstance(result, defn.result_type):
+        raise ResultValidationError(
+            f"{defn.name} returned a {type(result).__name__}, declared "
+            f"{defn.result_type.__name__}; return the declared result model"
+        )
+    data = result.model_dump() if isinstance(result, BaseModel) else result
+    try:
+        checked: BaseModel = defn.result_type.model_validate(data)
+        return checked
+    except ValidationError as e:
+        raise ResultValidationError(
+            f"the result of {defn.name} does not validate as {defn.result_type.__name__}: "
+            f"{_validation_summary(e)}"
+        ) from e

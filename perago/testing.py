@@ -23,13 +23,25 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
+from pydantic import BaseModel
+
+from perago.context import AttemptInfo, attempt_context
 from perago.errors import ConflictError, NotFoundError, OrchestratorError, StoreError
 from perago.orchestrator import IN_PROGRESS, Outcome, TaskSnapshot
 from perago.store import Commit, ObjectInfo
+from perago.task import RemoteWorkspace, TaskDefinition
 
-__all__ = ["Gate", "MemoryStore", "StaticLedger", "StubOrchestrator", "Update"]
+__all__ = [
+    "Gate",
+    "MemoryStore",
+    "StaticLedger",
+    "StubOrchestrator",
+    "TaskEnvironment",
+    "Update",
+    "run_task",
+]
 
 
 @dataclass
@@ -613,7 +625,14 @@ class StubOrchestrator:
     def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
         self._update(Update("extend", task.task_id, worker_id))
 
-    def report(self, task: TaskSnapshot, outcome: Outcome, *, worker_id: str) -> None:
+    def report(
+        self,
+        task: TaskSnapshot,
+        outcome: Outcome,
+        *,
+        worker_id: str,
+        timeout: float | None = None,
+    ) -> None:
         self._update(Update("report", task.task_id, worker_id, outcome))
 
     def _update(self, update: Update) -> None:
@@ -656,3 +675,69 @@ class StubOrchestrator:
         for gate in self._waiting + self._gates:
             if gate.release_on == call and gate.task_id in (None, task_id):
                 gate.release()
+
+
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
+
+
+class TaskEnvironment:
+    """Run a task function directly, with :func:`perago.info` set (temporal's
+    ``ActivityEnvironment`` is the model): no lakeFS, no Conductor, no workspace copy.
+
+    ``params`` may be the model or a dict (validated like the runner does); the result goes
+    through the post-guardrail, so a result that would fail the attempt fails here too::
+
+        env = TaskEnvironment(retry_count=1)
+        result = env.run(orders_clean, tmp_path, {"min_amount": 5})
+        assert env.info.retry_count == 1
+    """
+
+    def __init__(self, *, spark: Any = None, **info: Any) -> None:
+        self.spark = spark
+        self._info = info
+
+    @property
+    def info(self) -> AttemptInfo:
+        """What ``perago.info()`` returns inside :meth:`run` (override fields by keyword)."""
+        defaults: dict[str, Any] = {
+            "workflow_id": "test-workflow",
+            "task_id": "test-task",
+            "task_type": "test-task-type",
+            "reference_name": "test-step",
+            "retry_count": 0,
+            "poll_count": 1,
+            "repository": "test-repository",
+            "branch": "main",
+            "input_ref": "test-input-ref",
+        }
+        return AttemptInfo(**{**defaults, **self._info})
+
+    def run(
+        self,
+        defn: TaskDefinition[P, R],
+        workspace: Path | RemoteWorkspace,
+        params: P | dict[str, Any] | None = None,
+    ) -> R:
+        from perago.runtime import check_result
+
+        checked = defn.params_type.model_validate(
+            params.model_dump() if isinstance(params, BaseModel) else params or {}
+        )
+        current = replace(self.info, task_type=self._info.get("task_type", defn.name))
+        with attempt_context(current):
+            if defn.wants_spark:
+                result = defn.fn(workspace, checked, spark=self.spark)
+            else:
+                result = defn.fn(workspace, checked)
+        return check_result(defn, result)  # type: ignore[return-value]
+
+
+def run_task(
+    defn: TaskDefinition[P, R],
+    workspace: Path | RemoteWorkspace,
+    params: P | dict[str, Any] | None = None,
+    **info: Any,
+) -> R:
+    """One call of :class:`TaskEnvironment`: ``run_task(my_task, tmp_path, {"n": 1})``."""
+    return TaskEnvironment(**info).run(defn, workspace, params)

@@ -1,0 +1,104 @@
+"""One adapter per outside system, checked by reading the source: only
+``perago/adapters/conductor.py`` imports the Conductor SDK or spells Conductor's JSON, only
+``perago/adapters/lakefs.py`` imports lakefs_sdk."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "perago"
+CONDUCTOR_ADAPTER = "adapters/conductor.py"
+LAKEFS_ADAPTER = "adapters/lakefs.py"
+
+#: Conductor's JSON field names (task, task result, task and workflow definitions).
+CONDUCTOR_KEYS = frozenset(
+    {
+        "taskId",
+        "taskType",
+        "taskDefName",
+        "workflowInstanceId",
+        "workflowId",
+        "referenceTaskName",
+        "taskReferenceName",
+        "inputData",
+        "outputData",
+        "inputParameters",
+        "reasonForIncompletion",
+        "responseTimeoutSeconds",
+        "timeoutSeconds",
+        "retryCount",
+        "retryDelaySeconds",
+        "retryLogic",
+        "timeoutPolicy",
+        "pollCount",
+        "workerId",
+        "extendLease",
+        "updateTime",
+        "forkTasks",
+        "loopOver",
+        "loopCondition",
+        "decisionCases",
+        "defaultCase",
+        "dynamicForkTasksParam",
+        "dynamicForkTasksInputParamName",
+        "schemaVersion",
+        "ownerEmail",
+        "subWorkflowParam",
+    }
+)
+
+#: Reads workflow definitions for `perago register`'s deep check (issue 12); to move behind
+#: the Conductor adapter (a Perago view of a workflow definition) in a follow-up.
+KNOWN_EXCEPTIONS = {"workflow_check.py"}
+
+
+@functools.cache
+def _modules() -> list[tuple[str, ast.Module]]:
+    return [
+        (str(p.relative_to(PACKAGE)), ast.parse(p.read_text(), filename=str(p)))
+        for p in sorted(PACKAGE.rglob("*.py"))
+    ]
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def _strings(tree: ast.Module) -> set[str]:
+    return {
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+@pytest.mark.parametrize(
+    ("sdk", "adapter"), [("conductor", CONDUCTOR_ADAPTER), ("lakefs_sdk", LAKEFS_ADAPTER)]
+)
+def test_only_the_adapter_imports_its_sdk(sdk: str, adapter: str) -> None:
+    offenders = [
+        path
+        for path, tree in _modules()
+        if path != adapter and any(m == sdk or m.startswith(f"{sdk}.") for m in _imports(tree))
+    ]
+    assert offenders == [], f"import {sdk} only in perago/{adapter}"
+    adapter_tree = dict(_modules())[adapter]
+    assert any(m.startswith(sdk) for m in _imports(adapter_tree)), "the check reads imports"
+
+
+def test_only_the_conductor_adapter_spells_conductor_json() -> None:
+    offenders = {
+        path: sorted(_strings(tree) & CONDUCTOR_KEYS)
+        for path, tree in _modules()
+        if path != CONDUCTOR_ADAPTER and path not in KNOWN_EXCEPTIONS
+    }
+    assert {p: keys for p, keys in offenders.items() if keys} == {}
+    assert _strings(dict(_modules())[CONDUCTOR_ADAPTER]) & CONDUCTOR_KEYS, "the check reads keys"
