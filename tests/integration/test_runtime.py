@@ -1,4 +1,4 @@
-"""The failure matrix of PROTOCOL.md, row by row, through real workers, Conductor and lakeFS."""
+"""The failure matrix of docs/protocol.md, row by row, through real workers, Conductor and lakeFS."""
 
 from __future__ import annotations
 
