@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from perago import failpoints, metrics
 from perago.config import Settings
 from perago.context import AttemptInfo, attempt_context
-from perago.coord.branch_leases import BranchLeases
+from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.errors import (
     AttemptFenceError,
     GuardrailError,
@@ -296,8 +296,9 @@ class AttemptRunner:
             diff = compute_diff(manifest, attempt_dir.workspace)
             log.info("diffed", **diff.summary())
             step[0] = "publish"
-            ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff, log)
-            return self._completed(target, ref, checked)
+            with self._publisher.lease_for_report() as kept:
+                ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff, log)
+            return self._completed(target, ref, checked, kept.lease)
 
     def _run_in_place(
         self,
@@ -327,8 +328,9 @@ class AttemptRunner:
             raise
         step[0] = "publish"
         # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
-        ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
-        return self._completed(target, ref, checked)
+        with self._publisher.lease_for_report() as kept:
+            ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
+        return self._completed(target, ref, checked, kept.lease)
 
     def _body_and_checks(
         self,
@@ -378,7 +380,9 @@ class AttemptRunner:
             return defn.fn(workspace, params)
 
     @staticmethod
-    def _completed(target: WorkspaceTarget, ref: str, result: BaseModel) -> Outcome:
+    def _completed(
+        target: WorkspaceTarget, ref: str, result: BaseModel, lease: HeldLease | None = None
+    ) -> Outcome:
         return Outcome(
             "COMPLETED",
             output={
@@ -389,6 +393,7 @@ class AttemptRunner:
                 },
                 "result": result.model_dump(mode="json"),
             },
+            lease=lease,
         )
 
 
