@@ -713,3 +713,45 @@ def test_the_runner_alone_maps_a_delivery_to_an_outcome(
     outcome = runner.run(writer, delivery)
     assert outcome.status == "FAILED" and "the body failed" in outcome.reason
     assert stub.updates == []  # the runner decides; the worker reports
+
+
+def test_every_event_of_an_attempt_carries_its_context(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    """The log context is bound once (structlog contextvars) and reaches the publisher's
+    events without a logger passed along."""
+    import structlog
+
+    capture = structlog.testing.LogCapture()
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
+    base = store.branch_head("repo", "main")
+    try:
+        with running(stub, store, tmp_path):
+            wid = step(stub)
+            settle(stub, wid)
+    finally:
+        structlog.reset_defaults()
+    task_id = stub.final(wid).task_id
+    steps = {
+        "pre_guardrails_passed",
+        "materialized",
+        "body_finished",
+        "diffed",
+        "attempt_fence_passed",
+        "staging_branch_created",
+        "staged",
+        "publish_fence_passed",
+        "published",
+        "staging_branch_deleted",
+        "attempt_finished",
+    }
+    events = [e for e in capture.entries if e["event"] in steps]
+    assert {e["event"] for e in events} == steps
+    for e in events:
+        assert (e["workflow_id"], e["task_id"], e["task_ref"], e["retry_count"]) == (
+            wid,
+            task_id,
+            "step",
+            0,
+        ), e
+        assert (e["repository"], e["branch"], e["input_ref"]) == ("repo", "main", base), e
