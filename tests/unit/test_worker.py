@@ -518,6 +518,16 @@ def test_killed_at_a_step_boundary_the_retry_completes_once(
     assert not leases.held("repo", "main")
 
 
+def _replacement_frozen_before_its_reset(stub: StubOrchestrator, freezer: Freezer) -> str:
+    """The first attempt frozen after publishing and timed out; its retry, replacing that
+    publication, frozen under the branch lease just before the hard reset."""
+    wid = step(stub, retries=2)
+    stub.wait_for(lambda s: freezer.hits.count("after_publish") == 1)
+    stub.time_out(stub.attempts(wid)[0].task_id)
+    stub.wait_for(lambda s: freezer.hits.count("before_reset") == 1)
+    return wid
+
+
 def test_killed_before_the_reset_of_a_replacement_the_next_retry_completes_once(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -526,10 +536,7 @@ def test_killed_before_the_reset_of_a_replacement_the_next_retry_completes_once(
     leases = memory_leases(Clock())
     freezer = Freezer(monkeypatch).at("after_publish").at("before_reset")
     with running(stub, store, tmp_path, leases=leases, concurrency=3):
-        wid = step(stub, retries=2)
-        stub.wait_for(lambda s: freezer.hits.count("after_publish") == 1)
-        stub.time_out(stub.attempts(wid)[0].task_id)
-        stub.wait_for(lambda s: freezer.hits.count("before_reset") == 1)
+        wid = _replacement_frozen_before_its_reset(stub, freezer)
         stub.time_out(stub.attempts(wid)[1].task_id)
         outcome = settle(stub, wid)
     assert outcome.status == "COMPLETED" and stub.final(wid).retry_count == 2
@@ -544,10 +551,7 @@ def test_a_paused_lease_holder_loses_to_the_taker(
     leases = memory_leases(Clock())
     freezer = Freezer(monkeypatch).at("after_publish").at("before_reset")
     with running(stub, store, tmp_path, leases=leases, concurrency=3):
-        wid = step(stub, retries=2)
-        stub.wait_for(lambda s: freezer.hits.count("after_publish") == 1)
-        stub.time_out(stub.attempts(wid)[0].task_id)
-        stub.wait_for(lambda s: freezer.hits.count("before_reset") == 1)
+        wid = _replacement_frozen_before_its_reset(stub, freezer)
         sleeper = stub.attempts(wid)[1].task_id
         stub.time_out(sleeper)
         settle(stub, wid)
