@@ -1,18 +1,31 @@
 # The two commands that matter on a fresh machine: `make demo` and `make test`.
 SHELL := /bin/bash
-PY ?= python3.11
+# Any Python >= 3.11: the first of these whose version says so (PY=... overrides).
+PY ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; break; }; \
+	done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The lock: exact versions of every dependency of every extra, for all platforms and
+# Pythons >= 3.11. `make install` (and so CI) installs through it; `make lock` refreshes it.
+LOCK := requirements/constraints.txt
 
-.PHONY: install stack-build demo test lint typecheck unit integration bench soak model-check chaos down
+.PHONY: install stack-build demo test lint typecheck unit integration bench soak model-check chaos down lock
 
-$(STAMP): pyproject.toml
-	@command -v $(PY) >/dev/null || { echo "Python 3.11 is required ($(PY) not found)"; exit 1; }
+$(STAMP): pyproject.toml $(LOCK)
+	@test -n "$(PY)" || { echo "Python >= 3.11 is required (none of python3, python3.13, python3.12, python3.11 is); set PY=/path/to/python"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	@# The distribution was called `perago` before it became perago-runtime.
+	$(BIN)/pip uninstall -q -y perago 2>/dev/null || true
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev]'
 	touch $(STAMP)
+
+## lock: re-resolve requirements/constraints.txt after a change of pyproject.toml's dependencies
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --python-version 3.11 \
+		--no-emit-package perago-runtime --custom-compile-command "make lock" -o $(LOCK)
 
 ## install: virtualenv + dependencies + stack binaries (idempotent)
 install: $(STAMP) stack-build

@@ -25,8 +25,32 @@ app = typer.Typer(
 )
 
 
-def configure_logging(*, json_logs: bool | None = None, level: int = logging.INFO) -> None:
-    """JSON lines in pods (no TTY), readable lines in a terminal; always to stderr."""
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+#: Set by ``perago -v``; otherwise PERAGO_LOG_LEVEL, otherwise info.
+_verbose = False
+
+
+def _level_from_env() -> int:
+    import os
+
+    name = os.environ.get("PERAGO_LOG_LEVEL", "info").strip().lower()
+    if name not in _LEVELS:
+        raise typer.BadParameter(
+            f"PERAGO_LOG_LEVEL={name!r}: use one of {', '.join(_LEVELS)}", param_hint="env"
+        )
+    return _LEVELS[name]
+
+
+def configure_logging(*, json_logs: bool | None = None, level: int | None = None) -> None:
+    """One pipeline: structlog events and stdlib records (the SDKs, urllib3, py4j) rendered
+    alike, JSON lines when stderr is no terminal (pods), readable lines in a terminal."""
+    if level is None:
+        level = logging.DEBUG if _verbose else _level_from_env()
     if json_logs is None:
         json_logs = not sys.stderr.isatty()
     renderer: Any = (
@@ -34,19 +58,82 @@ def configure_logging(*, json_logs: bool | None = None, level: int = logging.INF
         if json_logs
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
+        processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    # The SDKs log through stdlib logging; keep them quiet unless they warn.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # stdlib records go through the same processors and renderer; the SDKs only when they
+    # warn, unless debugging.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if level == logging.DEBUG else max(level, logging.WARNING))
+    logging.captureWarnings(True)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("perago-runtime")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"perago {_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    verbose: Annotated[
+        bool, typer.Option("-v", "--verbose", help="Debug logs (PERAGO_LOG_LEVEL otherwise).")
+    ] = False,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print Perago's version and exit.",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+) -> None:
+    """Perago: typed Conductor workers that publish to lakeFS with Try/Confirm/Cancel."""
+    global _verbose
+    _verbose = verbose
+
+
+#: `perago run --wait` exit codes (README, "Using it"); 1 is any other error, 2 a usage error.
+EXIT_FAILED = 3  # FAILED or FAILED_WITH_TERMINAL_ERROR
+EXIT_TIMED_OUT = 4  # Conductor timed the workflow out (its timeoutSeconds)
+EXIT_TERMINATED = 5  # terminated by someone (perago, the UI, the API)
+EXIT_WAIT_TIMEOUT = 6  # still running when --timeout ran out (the workflow goes on)
+EXIT_PAUSED = 7
+_EXIT_BY_STATUS = {
+    "TIMED_OUT": EXIT_TIMED_OUT,
+    "TERMINATED": EXIT_TERMINATED,
+    "PAUSED": EXIT_PAUSED,
+}
+
+
+class _WaitTimeout(WorkflowRunError):
+    pass
 
 
 def _fail(e: PeragoError) -> typer.Exit:
@@ -159,7 +246,7 @@ def _wait_for_workflow(
             if wf.ended:
                 return wf
             if time.monotonic() > deadline:
-                raise WorkflowRunError(
+                raise _WaitTimeout(
                     f"workflow {workflow} ({workflow_id}) is still {wf.status} after "
                     f"{timeout:.0f}s; is a worker running for its tasks? (perago worker MODULE...)"
                 )
@@ -180,7 +267,8 @@ def run(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 600.0,
     version: Annotated[int | None, typer.Option("--version", help="Workflow version.")] = None,
 ) -> None:
-    """Start WORKFLOW; with --wait print its output JSON and exit 0 only if it COMPLETED."""
+    """Start WORKFLOW; with --wait print its output JSON and exit 0 only if it COMPLETED
+    (3 failed, 4 timed out by Conductor, 5 terminated, 6 --timeout ran out, 7 paused)."""
     from perago.adapters.conductor import ConductorClient
 
     configure_logging()
@@ -191,7 +279,11 @@ def run(
         if not wait:
             typer.echo(workflow_id)
             return
+        typer.echo(f"started workflow {workflow} ({workflow_id})", err=True)
         wf = _wait_for_workflow(conductor, workflow, workflow_id, timeout)
+    except _WaitTimeout as e:
+        typer.secho(f"error: {e.message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(EXIT_WAIT_TIMEOUT) from e
     except PeragoError as e:
         raise _fail(e) from e
     if not wf.completed:
@@ -200,7 +292,7 @@ def run(
             fg=typer.colors.RED,
             err=True,
         )
-        raise typer.Exit(1)
+        raise typer.Exit(_EXIT_BY_STATUS.get(wf.status, EXIT_FAILED))
     typer.secho(f"workflow {workflow} ({workflow_id}) COMPLETED", err=True)
     typer.echo(json.dumps(wf.output, indent=2))
 

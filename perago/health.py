@@ -71,6 +71,10 @@ class HealthServer:
         )
 
     def ready(self) -> tuple[bool, str]:
+        """Readiness reflects this pod, not its servers (Kubernetes' guidance): a pod that
+        cannot reach lakeFS or Conductor stays ready and says so in the body. Failing it
+        would gate every rollout (maxUnavailable: 0) on both servers being up, and no pod
+        could do better than the old one did; workers pull work, so a ready pod routes none."""
         if self._draining():
             return False, "draining"
         with self._lock:
@@ -79,7 +83,7 @@ class HealthServer:
                 results = {name: _answers(url) for name, url in self._deps.items()}
                 self._cache = (time.monotonic(), results)
         down = [name for name, ok in results.items() if not ok]
-        return (False, f"unreachable: {', '.join(down)}") if down else (True, "ready")
+        return (True, f"ready; unreachable: {', '.join(down)}") if down else (True, "ready")
 
     def start(self) -> None:
         self._thread.start()

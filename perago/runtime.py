@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -30,6 +31,7 @@ from perago.errors import (
     TaskError,
     WorkerShutdown,
 )
+from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.joins import check_contains
@@ -103,6 +105,7 @@ class AttemptRunner:
         leases: BranchLeases | None = None,
     ) -> None:
         self._store = store
+        self._ledger = ledger
         self._settings = settings
         self._spark = spark
         # One cache per worker process, shared by all its attempts (perago.workspace.cache).
@@ -128,12 +131,17 @@ class AttemptRunner:
                 target, params = self._pre_guardrails(defn, task.input, attempt.identity)
                 # the scope is recorded in every commit of this attempt (perago.publish.scope)
                 attempt.resolved(target, params, defn.workspace.render(params))
+                me = attempt.identity
+                if not defn.workspace.read_only and isinstance(self._ledger, ParentSteps):
+                    # a step of a retried sub-workflow is the same logical step (perago.lineage)
+                    key, retries = step_lineage(self._ledger, me.workflow_id, me.reference_name)
+                    attempt.identity = replace(me, step_key=key, lineage_retries=retries)
             except GuardrailError as e:
                 log.warning("pre_guardrails_failed", reason=e.message)
                 return outcome_of(e, where="pre-guardrail")
             except PeragoError as e:
                 log.warning("pre_guardrails_unavailable", reason=e.message)
-                return outcome_of(e, where="pre-guardrail (store unavailable)")
+                return outcome_of(e, where="pre-guardrail (store or Conductor unavailable)")
             with attempt.logging():
                 log.info("pre_guardrails_passed", read_only=defn.workspace.read_only)
                 outcome = self._run_checked(attempt)

@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 
 from perago.config import Settings
+from perago.errors import ConfigError
 
 __all__ = ["SparkSessions", "s3a_conf"]
 
@@ -53,7 +54,13 @@ class SparkSessions:
             return self._session
 
     def _build(self) -> Any:
-        from pyspark.sql import SparkSession  # imported lazily: the JVM starts only if needed
+        try:  # imported lazily: the JVM starts only if needed; pyspark is an extra
+            from pyspark.sql import SparkSession
+        except ImportError as e:
+            raise ConfigError(
+                "this worker runs Spark tasks but pyspark is not installed: install "
+                "perago-runtime[spark]"
+            ) from e
 
         master = self._settings.spark_master
         builder = SparkSession.builder.appName("perago-worker")

@@ -23,6 +23,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 
 from perago.config import Settings
 from perago.errors import OrchestratorError
+from perago.lineage import ParentStep
 from perago.orchestrator import Outcome, TaskSnapshot
 from perago.task import TaskDefinition
 
@@ -217,6 +218,7 @@ class ConductorClient:
         self._url = settings.conductor_server_url
         self._timeout = settings.http_timeout.total_seconds()
         self._client = ApiClient(Configuration(server_api_url=self._url))
+        self._parents: dict[str, ParentStep | None] = {}
 
     def _call(
         self,
@@ -335,6 +337,25 @@ class ConductorClient:
         return str(result)
 
     @_retry
+    @_retry
+    def parent_step(self, workflow_id: str) -> ParentStep | None:
+        """The SUB_WORKFLOW task that started ``workflow_id`` (``None``: top level); cached,
+        since a workflow's parent never changes."""
+        if workflow_id in self._parents:
+            return self._parents[workflow_id]
+        wf = self.get_workflow(workflow_id, include_tasks=False)
+        parent_wf, parent_task = wf.get("parentWorkflowId"), wf.get("parentWorkflowTaskId")
+        found = None
+        if parent_wf and parent_task:
+            t = self._call("GET", f"/tasks/{parent_task}", what=f"get task {parent_task}")
+            found = ParentStep(
+                str(parent_wf), str(t["referenceTaskName"]), int(t.get("retryCount") or 0)
+            )
+        if len(self._parents) > 4096:
+            self._parents.clear()
+        self._parents[workflow_id] = found
+        return found
+
     def get_workflow(self, workflow_id: str, *, include_tasks: bool = True) -> dict[str, Any]:
         result = self._call(
             "GET",

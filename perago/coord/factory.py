@@ -60,6 +60,17 @@ def check_options(kind: str, options: Mapping[str, str]) -> dict[str, str]:
     return opts
 
 
+def _require_boto3(kind: str) -> None:
+    # boto3 is the `aws` extra: workers on the default lakefs backend do without it.
+    try:
+        import boto3  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(
+            f"coordination backend {kind} needs boto3: install perago-runtime[aws] "
+            "(or choose PERAGO_COORD_BACKEND=lakefs)"
+        ) from e
+
+
 def build_store(
     kind: str,
     options: Mapping[str, str],
@@ -100,6 +111,8 @@ def build_store(
             root=opts.get("root", DEFAULT_ROOT),
             source_branch=opts.get("source_branch"),
         )
+    if kind in ("s3", "put_and_verify", "dynamodb"):
+        _require_boto3(kind)
     if kind in ("s3", "put_and_verify"):
         from perago.coord.s3 import s3_client
 

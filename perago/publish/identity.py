@@ -45,9 +45,17 @@ class AttemptIdentity:
     cluster_id: str = field(default="", compare=False)
     #: The rendered prefix the step publishes (``None``: unknown, overlaps every scope).
     scope: str | None = None
+    #: A step inside a sub-workflow: ``<root workflow id>/<parent task ref>/.../<task ref>``,
+    #: the same for every retried child, and the parent tasks' retry counts (outermost
+    #: first), which order attempts across children (``perago.lineage``).
+    step_key: str | None = None
+    lineage_retries: tuple[int, ...] = ()
 
     def metadata(self, input_ref: str, **extra: str) -> dict[str, str]:
         scope = {} if self.scope is None else {f"{_KEY}scope": self.scope}
+        if self.step_key is not None:
+            scope[f"{_KEY}step"] = self.step_key
+            scope[f"{_KEY}lineage_retries"] = ",".join(map(str, self.lineage_retries))
         return {
             f"{_KEY}workflow_id": self.workflow_id,
             f"{_KEY}task_ref": self.reference_name,
@@ -72,11 +80,18 @@ class AttemptIdentity:
                 poll_count=int(m.get(f"{_KEY}poll_count", "0")),
                 task_type=m.get(f"{_KEY}task_type", ""),
                 scope=m.get(f"{_KEY}scope"),
+                step_key=m.get(f"{_KEY}step"),
+                lineage_retries=tuple(
+                    int(x) for x in m.get(f"{_KEY}lineage_retries", "").split(",") if x
+                ),
             )
         except (KeyError, ValueError):
             return None
 
     def same_step(self, other: AttemptIdentity) -> bool:
+        """The same logical workflow step; across retried sub-workflows by the step key."""
+        if self.step_key is not None and other.step_key is not None:
+            return self.step_key == other.step_key
         return self.workflow_id == other.workflow_id and self.reference_name == other.reference_name
 
     def same_attempt(self, other: AttemptIdentity) -> bool:
@@ -89,8 +104,15 @@ class AttemptIdentity:
         """True if ``other`` is an earlier (or re-delivered) attempt of this workflow step."""
         if not self.same_step(other) or self.same_attempt(other):
             return False
-        # A retry has a higher retry count; a re-delivery of one task id a higher poll count.
-        return (other.retry_count, other.poll_count) < (self.retry_count, self.poll_count)
+        # A retry has a higher retry count; a re-delivery of one task id a higher poll count;
+        # a step of a retried sub-workflow a higher retry count of a parent task.
+        if len(other.lineage_retries) != len(self.lineage_retries):
+            return False
+        return (*other.lineage_retries, other.retry_count, other.poll_count) < (
+            *self.lineage_retries,
+            self.retry_count,
+            self.poll_count,
+        )
 
 
 def staging_prefix(cluster_id: str = "") -> str:

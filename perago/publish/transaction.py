@@ -356,7 +356,7 @@ class Publisher:
         cut = base.rindex("-p")
         scoped = f"{base[:cut]}-scoped{base[cut:]}"
         self._store.delete_branch(repo, scoped)  # a leftover of an earlier try of ours
-        self._store.create_branch(repo, scoped, head.id)
+        self._store.create_branch(repo, scoped, head.id, hidden=True)
         try:
             try:
                 for commit in undo:

@@ -294,3 +294,63 @@ def test_a_writer_killed_after_publishing_inside_a_fork_is_replaced_in_its_scope
     done = perago_cli(["janitor", "--repository", repo], env)
     assert done.returncode == 0, done.stderr
     assert staging_branches(store, repo) == []
+
+
+def test_a_retried_sub_workflow_replaces_its_earlier_childs_publication(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """The child publishes, then fails; the SUB_WORKFLOW is retried as a new child workflow,
+    whose step is recognised as the same logical step (parent workflow + parent task)."""
+    child = f"pt_wf_child_{unique}"
+    sentinel = str(tmp_path / "gate-failed-once")
+    put_workflow(
+        conductor,
+        child,
+        [
+            part_task(unique, "write", "a"),
+            simple_task(f"pt_gate_{unique}", "gate", PINNED, {"sentinel": sentinel}),
+        ],
+    )
+    sub_def = f"pt_sub_{unique}"
+    conductor.register_task_defs(
+        [
+            {
+                "name": sub_def,
+                "retryCount": 1,
+                "retryLogic": "FIXED",
+                "retryDelaySeconds": 0,
+                "timeoutSeconds": 600,
+                "responseTimeoutSeconds": 600,
+                "timeoutPolicy": "TIME_OUT_WF",
+            }
+        ]
+    )
+    parent = f"pt_wf_parent_{unique}"
+    sub = {
+        "name": sub_def,
+        "taskReferenceName": "sub",
+        "type": "SUB_WORKFLOW",
+        "subWorkflowParam": {"name": child, "version": 1},
+        "inputParameters": {"workspace": PINNED},
+    }
+    put_workflow(conductor, parent, [sub])
+    input_ref = store.branch_head(repo, "main")
+    wid = start(conductor, parent, repo, ref=input_ref)
+    with worker(env, tmp_path / "w.log") as w:
+        wf = wait_workflow(conductor, wid, timeout=120)
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    subs = attempts(wf, "sub")
+    assert [t["status"] for t in subs] == ["FAILED", "COMPLETED"]
+    assert len({t["subWorkflowId"] for t in subs}) == 2  # a new child workflow
+    assert w.wait_for("publish_fence_passed", decision="replacement_publication")
+    head = store.get_commit(repo, store.branch_head(repo, "main"))
+    assert head.parents == (input_ref,)  # exactly one publication of the step
+    assert head.metadata["perago.step"] == f"{wid}/sub/write"
+    assert head.metadata["perago.lineage_retries"] == "1"
+    assert text(store, repo, "parts/p=a/rows.csv").startswith("a,0")
+    assert_clean(store, repo, env, {"write"})

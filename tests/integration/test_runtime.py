@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +19,7 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 
 from .harness import (
+    ROOT,
     attempts,
     one_step,
     perago_cli,
@@ -439,10 +444,36 @@ def test_perago_run_exit_codes(
         )
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["workspace"]["ref"] == store.branch_head(repo, "main")
-    assert failed.returncode == 1
+    assert failed.returncode == 3  # FAILED
     assert "task step" in failed.stderr and "the body refused on purpose" in failed.stderr
     garbage = perago_cli(["run", ok, "--input", "{not json", "--wait"], env)
     assert garbage.returncode == 1 and "--input is not valid JSON" in garbage.stderr
+
+    # No worker from here on: the wait runs out (6), and a terminated workflow is 5.
+    waited = perago_cli(["run", ok, "--input", ws, "--wait", "--timeout", "1"], env)
+    assert waited.returncode == 6, waited.stderr
+    assert "is still RUNNING after 1s" in waited.stderr
+    conductor.terminate_workflow(_started_id(waited.stderr), "test over")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "perago", "run", ok, "--input", ws, "--wait", "--timeout", "120"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert run.stderr is not None
+    started = run.stderr.readline()
+    conductor.terminate_workflow(_started_id(started), "terminated by the test")
+    assert run.wait(timeout=120) == 5
+    assert "TERMINATED" in run.stderr.read()
+    run.stderr.close()
+
+
+def _started_id(stderr: str) -> str:
+    match = re.search(r"started workflow \S+ \((\S+)\)", stderr)
+    assert match, stderr
+    return match.group(1)
 
 
 def test_register_rejects_a_workflow_with_an_unknown_task(

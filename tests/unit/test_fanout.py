@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from perago.adapters.conductor import TaskSnapshot
 from perago.errors import ConflictError, GuardrailError, PublishFenceError, TaskDefinitionError
+from perago.lineage import ParentStep, ParentSteps, step_lineage
 from perago.publish import AttemptIdentity, HeadDecision, Publisher, WorkspaceTarget
 from perago.publish import decide_publication as decide
 from perago.publish.joins import check_contains
@@ -291,3 +292,39 @@ def test_a_retry_under_a_sibling_replaces_its_scope_without_undoing_the_sibling(
     history = [c.id for c in store.log("r", "main", amount=10)]
     assert abandoned in history  # reachable, never reset away
     assert store.list_branches("r", prefix="perago-stg-") == []
+
+
+class _Parents:
+    """Conductor's parent links of a root workflow, its child, and the retried child."""
+
+    def __init__(self) -> None:
+        self.links = {
+            "child-1": ParentStep("root", "sub", 0),
+            "child-2": ParentStep("root", "sub", 1),
+            "grandchild": ParentStep("child-2", "inner", 0),
+        }
+
+    def parent_step(self, workflow_id: str) -> ParentStep | None:
+        return self.links.get(workflow_id)
+
+
+def test_a_step_of_a_retried_sub_workflow_is_the_same_logical_step() -> None:
+    source = _Parents()
+    assert isinstance(source, ParentSteps)
+    assert step_lineage(source, "root", "a") == (None, ())
+    assert step_lineage(source, "grandchild", "w") == ("root/sub/inner/w", (1, 0))
+
+    def child(wf: str, task_id: str, retry: int = 0) -> AttemptIdentity:
+        key, retries = step_lineage(source, wf, "write")
+        return AttemptIdentity(
+            wf, "write", task_id, retry, 1, "tt", scope="a/", step_key=key, lineage_retries=retries
+        )
+
+    first, again = child("child-1", "t1", retry=2), child("child-2", "t2")
+    published = Commit("head", ("R",), metadata=first.metadata("R", kind="publication"))
+    assert AttemptIdentity.from_commit(published) == first
+    assert again.is_earlier_attempt_of_same_step(first)
+    assert not first.is_earlier_attempt_of_same_step(again)
+    assert decide(published, "R", again) is HeadDecision.REPLACE
+    with pytest.raises(PublishFenceError, match="refusing"):
+        decide(Commit("head", ("R",), metadata=again.metadata("R")), "R", first)

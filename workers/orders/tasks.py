@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from perago import TaskError, WorkspaceSpec, task
 
@@ -32,6 +32,7 @@ class CleanResult(BaseModel):
     rows_out: int
     bad_rows: int
     partitions: int
+    days: list[str] = Field(default_factory=list)  # what the fan-out stage forks over
 
 
 @task("orders_clean", workspace=ORDERS)
@@ -69,9 +70,17 @@ def orders_clean(workspace: Path, params: CleanParams, spark: Any) -> CleanResul
     clean.write.mode("overwrite").partitionBy("order_date").parquet(str(workspace / "clean"))
     tidy_spark_output(workspace / "clean")
     rows_out = spark.read.parquet(str(workspace / "clean")).count()
-    partitions = sum(1 for p in (workspace / "clean").iterdir() if p.name.startswith("order_date="))
+    days = sorted(
+        p.name.removeprefix("order_date=")
+        for p in (workspace / "clean").iterdir()
+        if p.name.startswith("order_date=")
+    )
     return CleanResult(
-        rows_in=rows_in, rows_out=rows_out, bad_rows=rows_in - rows_out, partitions=partitions
+        rows_in=rows_in,
+        rows_out=rows_out,
+        bad_rows=rows_in - rows_out,
+        partitions=len(days),
+        days=days,
     )
 
 
@@ -146,4 +155,48 @@ def orders_quality_report(workspace: Path, params: ReportParams, spark: Any) -> 
         days=len(revenue_days),
         passed=all(checks.values()),
         checks=checks,
+    )
+
+
+class Day(BaseModel):
+    day: str  # one clean partition, e.g. "2024-01-05"
+
+
+class DaySummary(BaseModel):
+    day: str
+    orders: int
+    revenue: float
+
+
+@task("orders_day_summary", workspace=WorkspaceSpec(prefix="orders/clean/order_date={day}/"))
+def orders_day_summary(workspace: Path, params: Day, spark: Any) -> DaySummary:
+    """Fan-out stage: one day's partition, summarised beside its data (``_summary.json``,
+    which Spark's readers skip); the days run in parallel (a DYNAMIC_FORK)."""
+    from pyspark.sql import functions as F
+
+    row = spark.read.parquet(str(workspace)).agg(F.count("*"), F.sum("amount")).collect()[0]
+    summary = DaySummary(day=params.day, orders=int(row[0]), revenue=round(float(row[1] or 0), 2))
+    (workspace / "_summary.json").write_text(summary.model_dump_json())
+    return summary
+
+
+class DaysReport(BaseModel):
+    days: int
+    orders: int
+    revenue: float
+
+
+@task("orders_days_report", workspace=WorkspaceSpec(prefix="orders/clean/", read_only=True))
+def orders_days_report(workspace: Path, params: ReportParams) -> DaysReport:
+    """The join step after the fan-out: reads every day's summary."""
+    days = [
+        DaySummary.model_validate_json(p.read_text())
+        for p in sorted(workspace.glob("order_date=*/_summary.json"))
+    ]
+    if not days:
+        raise TaskError("no day summaries under orders/clean/: did the fan-out run?")
+    return DaysReport(
+        days=len(days),
+        orders=sum(d.orders for d in days),
+        revenue=round(sum(d.revenue for d in days), 2),
     )

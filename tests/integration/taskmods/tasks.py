@@ -156,3 +156,22 @@ def join(workspace: Path, params: ReadParams) -> JoinResult:
     files = sorted(workspace.glob("p=*/rows.csv"))
     rows = sum(len(f.read_text().splitlines()) for f in files)
     return JoinResult(parts=[f.parent.name.removeprefix("p=") for f in files], rows=rows)
+
+
+class GateParams(BaseModel):
+    sentinel: str
+
+
+@task(
+    f"pt_gate_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="parts/", read_only=True),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+)
+def gate(workspace: Path, params: GateParams) -> PartResult:
+    """Fail terminally the first time (no sentinel file yet): fails its whole sub-workflow."""
+    sentinel = Path(params.sentinel)
+    if not sentinel.exists():
+        sentinel.write_text("failed once")
+        raise TaskError("the gate fails its workflow once, on purpose", non_retryable=True)
+    return PartResult(part="gate", rows=0)

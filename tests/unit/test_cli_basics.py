@@ -1,0 +1,80 @@
+"""`perago --version`, the log level, and one log pipeline for structlog and stdlib records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_LOGS = """
+import logging, structlog
+from perago.cli import configure_logging
+configure_logging()
+structlog.get_logger("perago.test").debug("ours_debug")
+structlog.get_logger("perago.test").info("ours_info", workflow_id="w1")
+logging.getLogger("urllib3.connectionpool").info("sdk_info")
+logging.getLogger("py4j.clientserver").warning("sdk_warning %s", "x")
+"""
+
+
+def _perago(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "perago", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+def test_version_is_the_installed_distributions() -> None:
+    out = _perago("--version")
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"perago {version('perago-runtime')}"
+
+
+def _log_lines(level: str | None) -> list[dict[str, object]]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PERAGO_LOG_LEVEL"}
+    if level:
+        env["PERAGO_LOG_LEVEL"] = level
+    out = subprocess.run(
+        [sys.executable, "-c", _LOGS], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    # stderr is a pipe, not a terminal: every line is one JSON object.
+    return [json.loads(line) for line in out.stderr.splitlines()]
+
+
+def test_stdlib_records_are_rendered_like_structlog_events() -> None:
+    lines = _log_lines(None)
+    events = {str(e["event"]): e for e in lines}
+    assert set(events) == {"ours_info", "sdk_warning x"}  # info: SDKs only when they warn
+    assert events["ours_info"]["workflow_id"] == "w1"
+    sdk = events["sdk_warning x"]
+    assert sdk["level"] == "warning" and sdk["logger"] == "py4j.clientserver"
+    assert "timestamp" in sdk and "timestamp" in events["ours_info"]
+
+
+def test_log_level_from_the_environment() -> None:
+    assert {e["event"] for e in _log_lines("debug")} == {
+        "ours_debug",
+        "ours_info",
+        "sdk_info",
+        "sdk_warning x",
+    }
+    assert {e["event"] for e in _log_lines("warning")} == {"sdk_warning x"}
+
+
+def test_an_unknown_log_level_is_a_usage_error() -> None:
+    import os
+
+    out = _perago("janitor", "--dry-run", env={**os.environ, "PERAGO_LOG_LEVEL": "loud"})
+    assert out.returncode == 2
+    assert "PERAGO_LOG_LEVEL" in out.stderr
