@@ -69,7 +69,7 @@ soak: install
 ## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step
 model-check: $(STAMP)
 	$(BIN)/python -m model
-	$(BIN)/python -m model --retries 2
+	$(BIN)/python -m model --retries 2 --extensions 0
 
 ## chaos: workers under seeded faults (kills, pauses, server restarts, Toxiproxy), then an
 ## audit of Conductor's and lakeFS's records; figures prepended to docs/chaos.md. Not in `test`.

@@ -21,7 +21,7 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.coord.factory import branch_leases
 from perago.dev import stack
-from perago.errors import PeragoError
+from perago.errors import ConflictError, PeragoError
 from perago.janitor import sweep, sweep_leases, takeover_watch
 
 from .audit import Figures, Run, audit, percentile
@@ -47,7 +47,8 @@ class Chaos:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.seed: int = args.seed
-        self.stop = threading.Event()
+        self.stop = threading.Event()  # the end of everything (the starter, the nudger)
+        self.stop_faults = threading.Event()
         self.runs: list[Run] = []
         self.open: set[str] = set()  # workflow ids not yet seen terminal
         self.lock = threading.Lock()
@@ -123,26 +124,36 @@ class Chaos:
                     break
                 self.stop.wait(1)
             branch = f"wf-{i:05d}"
-            for _ in range(60):
-                try:
-                    head = self.store.branch_head(repo, "main")
-                    self.store.create_branch(repo, branch, head)
-                    wid = self.conductor.start_workflow(
-                        kind,
-                        {
-                            "workspace": {"repository": repo, "branch": branch, "ref": head},
-                            "sleep": sleep,
-                        },
-                    )
-                    break
-                except PeragoError as e:  # a server is restarting: try again
-                    _say(f"start {i} failed, retrying: {e.message[:120]}")
-                    self.stop.wait(3)
-            else:
+            started = self._start_one(i, kind, repo, branch, sleep)
+            if started is None:
                 continue
+            wid, head = started
             with self.lock:
                 self.runs.append(Run(wid, kind, repo, branch, head))
                 self.open.add(wid)
+
+    def _start_one(
+        self, i: int, kind: str, repo: str, branch: str, sleep: float
+    ) -> tuple[str, str] | None:
+        """Create the workflow's branch and start it, riding out server restarts."""
+        head = ""
+        for _ in range(100):
+            if self.stop.is_set():
+                return None
+            try:
+                if not head:
+                    try:
+                        self.store.create_branch(repo, branch, self.store.branch_head(repo, "main"))
+                    except ConflictError:
+                        pass  # created by an earlier try whose answer was lost
+                    head = self.store.branch_head(repo, branch)
+                workspace = {"repository": repo, "branch": branch, "ref": head}
+                wid = self.conductor.start_workflow(kind, {"workspace": workspace, "sleep": sleep})
+                return wid, head
+            except PeragoError as e:  # a server is restarting: try again
+                _say(f"start {i} failed, retrying: {e.message[:120]}")
+                self.stop.wait(3)
+        return None
 
     def nudge(self) -> None:
         """Conductor's sweeper, sped up: decide open workflows (and sub-workflows) often."""
@@ -177,10 +188,10 @@ class Chaos:
         if f.action == "kill_worker":
             slot = f.target % n
             self.workers.kill(slot)
-            self.stop.wait(min(f.seconds, 5))
+            self.stop_faults.wait(min(f.seconds, 5))
             self.workers.start(slot)
         elif f.action == "pause_worker":
-            self.workers.pause(f.target % n, f.seconds, self.stop.wait)
+            self.workers.pause(f.target % n, f.seconds, self.stop_faults.wait)
         elif f.action == "restart_lakefs":
             stack.restart("lakefs")
         elif f.action == "restart_conductor":
@@ -204,15 +215,17 @@ class Chaos:
             body, seconds = toxic(f.detail, rng)
             target = ["lakefs", "conductor"][f.target % 2]
             self.proxy.add_toxic(target, body)
-            self.stop.wait(seconds)
+            self.stop_faults.wait(seconds)
             self.proxy.remove_toxic(target, str(body["name"]))
 
     def faults(self, schedule: list[Fault], started_at: float) -> None:
         rng = random.Random(self.seed * 7919)  # the toxics' details, drawn in schedule order
         for f in schedule:
             while time.monotonic() < started_at + f.at:
-                if self.stop.wait(min(1.0, started_at + f.at - time.monotonic())):
+                if self.stop_faults.wait(min(1.0, started_at + f.at - time.monotonic())):
                     return
+            if self.stop_faults.is_set():
+                return
             _say(f"fault: {f.action} target={f.target} {f.detail}")
             try:
                 self.fault(f, rng)
@@ -246,19 +259,13 @@ class Chaos:
         for t in threads:
             t.start()
         self.start_workflows(rng, started_at)
-        fault_thread = threads[1]
-        fault_thread.join(timeout=max(0.0, started_at + args.minutes * 60 - time.monotonic()))
+        self.stop_faults.wait(max(0.0, started_at + args.minutes * 60 - time.monotonic()))
+        self.stop_faults.set()
         _say(f"faults over; {len(self.runs)} workflows started; letting them finish")
-        stop_faults = threading.Event()
-        self.stop, keep = stop_faults, self.stop
-        keep.set()  # ends the fault thread's waits
-        fault_thread.join(timeout=120)
+        threads[1].join(timeout=120)
         if self.proxy is not None:
             self.proxy.clear()
         self.workers.ensure_running()
-        self.stop = threading.Event()
-        nudger = threading.Thread(target=self.nudge, daemon=True)
-        nudger.start()
         deadline = time.monotonic() + args.grace * 60
         while time.monotonic() < deadline:
             with self.lock:

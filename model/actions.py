@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from model import conductor, lease, worker
 from model.config import Config
-from model.state import DONE, LIVE_TASK, Attempt, State, attempt_name, ref_name
+from model.state import DONE, LIVE_TASK, Attempt, State, attempt_name, ref_name, task_of
 from model.store import FOREIGN, add_commit, reachable, staged_slot
 
 __all__ = [
@@ -44,8 +44,9 @@ def _live(s: State) -> list[int]:
 
 
 def terminal(s: State) -> bool:
-    """Every attempt reported or died and Conductor has nothing left to hand out or time out."""
-    return not _live(s) and all(t.status not in LIVE_TASK for t in s.tasks)
+    """Every attempt reported or died and Conductor has nothing left to hand out, time out or
+    write back."""
+    return not _live(s) and all(t.status not in LIVE_TASK for t in s.tasks) and s.extending < 0
 
 
 def _foreign_may_commit(cfg: Config, s: State) -> bool:
@@ -110,8 +111,32 @@ def _normalize(cfg: Config, s: State) -> State:
     return s if commits is s.commits else s._replace(commits=commits)
 
 
+def _extensions(cfg: Config, s: State) -> list[Transition]:
+    """Response-timeout extensions: the attempt's thread sends one until its report starts;
+    the server reads the task, and writes it back later (its update is not atomic)."""
+    out: list[Transition] = []
+    for slot in _live(s):
+        a = s.attempts[slot]
+        assert a is not None
+        if a.pc in worker.REPORTING or a.status == worker.REPORTED:
+            continue  # the extension thread stopped before the report
+        read = conductor.extension_reads(cfg, s, slot)
+        if read is not None:
+            label = "its response-timeout extension is sent: Conductor reads the task"
+            out.append((slot, label, read, False))
+    landed = conductor.extension_lands(cfg, s)
+    if landed is not None:
+        who = attempt_name(cfg, s.extending)
+        task = s.tasks[task_of(cfg, s.extending)[0]]
+        undone = " over its COMPLETED: IN_PROGRESS again" if task.status == "COMPLETED" else ""
+        label = f"{who}'s extension writes the task back{undone}"
+        out.append((CONDUCTOR, label, landed, False))
+    return out
+
+
 def successors(cfg: Config, s: State) -> list[Transition]:
     out: list[Transition] = []
+    out.extend(_extensions(cfg, s))
     for slot in _live(s):
         out.extend(worker.steps(cfg, s, slot))
         crashed = (*s.attempts[:slot], Attempt("done"), *s.attempts[slot + 1 :])

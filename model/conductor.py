@@ -22,8 +22,17 @@ from model.state import (
     slot_of,
     task_of,
 )
+from model.store import NO_REF
 
-__all__ = ["is_current", "poll", "redeliver", "report", "timeout"]
+__all__ = [
+    "extension_lands",
+    "extension_reads",
+    "is_current",
+    "poll",
+    "redeliver",
+    "report",
+    "timeout",
+]
 
 
 def is_current(cfg: Config, s: State, slot: int) -> bool:
@@ -85,3 +94,28 @@ def report(cfg: Config, s: State, slot: int, a: Attempt) -> tuple[State, bool]:
         return s._replace(tasks=_set(s, task, done)), True
     failed = _set(s, task, t._replace(status=ENDED))
     return s._replace(tasks=_retry(cfg, failed, task)), True
+
+
+def extension_reads(cfg: Config, s: State, slot: int) -> State | None:
+    """An extension (``extendLease``) of the attempt's task: the server reads the task."""
+    task, _ = task_of(cfg, slot)
+    if s.extensions == 0 or s.extending != NO_REF or s.tasks[task].status != IN_PROGRESS:
+        return None
+    return s._replace(extensions=s.extensions - 1, extending=slot)
+
+
+def extension_lands(cfg: Config, s: State) -> State | None:
+    """The extension's write: the task as it was read (IN_PROGRESS, fresh update time).
+
+    An update accepted in between is undone: a COMPLETED goes back to IN_PROGRESS, its output
+    forgotten, and the task will time out (issue 14, ``test_report.py`` on the real server).
+    A task that ended otherwise in between is left alone (not modelled: a timed-out task
+    revived next to its retry).
+    """
+    if s.extending == NO_REF:
+        return None
+    task, _ = task_of(cfg, s.extending)
+    t = s.tasks[task]
+    if t.status == COMPLETED:
+        t = Task(IN_PROGRESS, poll=t.poll)
+    return s._replace(tasks=_set(s, task, t), extending=NO_REF)

@@ -25,14 +25,17 @@ MECHANISMS: dict[str, str] = {
     "tag": "a replaced head is not tagged before the hard reset",
     "noop-peek": "the no-op path decides on the head without reading the branch lease first "
     "and takes the lease only to relocate (the code before 261b23b: finding F1)",
+    "guarded-report": "COMPLETED is not reported under the branch lease (the code before "
+    "df3d7a7): the lease is released before the report, and the no-op path completes without "
+    "it when it reads the lease free and the head unchanged (finding F3 with --redelivery)",
+    "serial-report": "the final report does not wait for a response-timeout extension in "
+    "flight (the code before dcbbee2): Conductor's unlocked read-modify-write lets the "
+    "extension write IN_PROGRESS back over an accepted COMPLETED (issue 14)",
 }
 
 #: Changes to the protocol that the model found necessary (docs/model-check.md, findings).
-FIXES: dict[str, str] = {
-    "guarded-report": "COMPLETED is reported to Conductor as a guarded write under the "
-    "branch lease (released after the report), so no delivery that lost the lease reports it; "
-    "the no-op path therefore always takes the lease (no shortcut on a free lease)",
-}
+#: None is open: guarded-report (F3) is in the code since df3d7a7 (a mechanism now).
+FIXES: dict[str, str] = {}
 
 #: How the foreign writer (not Perago) may commit to the target branch.
 FOREIGN_MODES = ("off", "outside-reset", "anytime")
@@ -46,6 +49,9 @@ class Config:
     retries: int = 1
     #: Re-deliveries of an IN_PROGRESS task id to another worker (poll count + 1).
     redeliveries: int = 0
+    #: Response-timeout extensions whose update may overlap another update of the task (the
+    #: server reads the task, then writes it back: an update landing in between is undone).
+    extensions: int = 1
     #: ``outside-reset``: one foreign commit at any moment except inside a reset window
     #: (after the head was validated for a hard reset and before the reset): the documented
     #: operating assumption, since lakeFS OSS cannot detect such a commit at all.
@@ -72,7 +78,9 @@ class Config:
             raise ValueError(f"unknown fix(es) {sorted(self.fixes - FIXES.keys())}")
         if self.foreign not in FOREIGN_MODES:
             raise ValueError(f"foreign must be one of {FOREIGN_MODES}, not {self.foreign!r}")
-        if self.retries < 0 or self.redeliveries < 0 or not self.hooks or not self.pinned:
+        if min(self.retries, self.redeliveries, self.extensions) < 0:
+            raise ValueError("retries, redeliveries and extensions must be >= 0")
+        if not self.hooks or not self.pinned:
             raise ValueError("retries and redeliveries must be >= 0; hooks and pinned non-empty")
 
     def has(self, mechanism: str) -> bool:
@@ -89,8 +97,8 @@ class Config:
 
     @property
     def guarded_report(self) -> bool:
-        """Fix guarded-report, which needs a lease to guard the report with."""
-        return self.leases and self.fixed("guarded-report")
+        """COMPLETED reported under the branch lease (needs a lease to guard it with)."""
+        return self.leases and self.has("guarded-report")
 
     @property
     def tasks(self) -> int:
@@ -113,6 +121,7 @@ class Config:
         parts = [
             f"{self.tasks} task ids (retries={self.retries})",
             f"re-deliveries={self.redeliveries}",
+            f"overlapping extensions={self.extensions}",
             f"foreign writer={self.foreign}",
             f"hook={hook}",
             f"input ref={pin}",

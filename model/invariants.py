@@ -11,7 +11,9 @@ I4  from the moment Conductor records the step COMPLETED with output ref o from 
     in every later state: o is on the first-parent history, and the only publication of the
     step from i on it is o (none for a no-op): the branch says what Conductor says;
 I5  fail closed: a COMPLETED output is exactly the input plus this step's change: o == i
-    (no-op), or a publication of the step whose first parent is i.
+    (no-op), or a publication of the step whose first parent is i;
+I6  a task Conductor recorded COMPLETED stays COMPLETED (an overlapping extension must not
+    undo it, or the finished attempt times out and its step runs again: issue 14).
 A foreign commit on top of o after completion is fine: I4 asks for o in the history, not
 at the head. Deadlock (no enabled action, yet something is not terminal) is checked by the
 explorer.
@@ -34,6 +36,7 @@ INVARIANTS = {
     "I3b": "nothing that was on the branch becomes unreachable (branch or tag)",
     "I4": "a COMPLETED step's output is on the branch, and no other publication of it",
     "I5": "fail closed: a COMPLETED output is the input ref plus exactly this step's change",
+    "I6": "a COMPLETED that Conductor accepted stays: the finished attempt never re-runs",
 }
 
 
@@ -87,8 +90,12 @@ def check_state(cfg: Config, s: State) -> tuple[str, str] | None:
 
 
 def check_transition(cfg: Config, before: State, tr: Transition) -> tuple[str, str] | None:
-    """I2a and I2b, on a step of an attempt that moved the branch (a merge that landed, a reset)."""
-    actor, _, _, moved = tr
+    """I6 on every step; I2a and I2b on a step of an attempt that moved the branch (a merge
+    that landed, a reset)."""
+    actor, _, after, moved = tr
+    for t, (was, now) in enumerate(zip(before.tasks, after.tasks, strict=True)):
+        if was.status == COMPLETED and now.status != COMPLETED:
+            return "I6", f"t{t} was COMPLETED and is {now.status} again: its completion is lost"
     if not moved:
         return None
     a = before.attempts[actor]

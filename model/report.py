@@ -55,8 +55,13 @@ def why_no_counterexample(cfg: Config, mechanism: str) -> str:
         )
     if mechanism == "noop-peek" and cfg.guarded_report:
         return (
-            "with the fix guarded-report the no-op path always takes the branch lease, so "
-            "there is no lease read to drop"
+            "with guarded-report (as coded) the no-op path always takes the branch lease, so "
+            "there is no lease read to drop (--drop guarded-report --drop noop-peek: F1)"
+        )
+    if mechanism == "guarded-report" and cfg.redeliveries == 0 and cfg.has("noop-peek"):
+        return (
+            "it protects against a task id delivered twice (finding F3, --redelivery); "
+            "without re-deliveries the no-op path's lease read (261b23b) covers F1"
         )
     if mechanism == "marker" and (guarded or cfg.hooks == (True,)):
         why = (
@@ -77,6 +82,8 @@ def why_no_counterexample(cfg: Config, mechanism: str) -> str:
             "see), which no invariant asks for (--drop postcheck: I5 without the hook, "
             "nothing with it)"
         )
+    if mechanism == "serial-report" and cfg.extensions == 0:
+        return "no response-timeout extension overlaps another update (extensions=0)"
     if mechanism == "postcheck" and cfg.hooks == (True,):
         return "with the expected-head hook installed a merge onto a moved head is rejected"
     if mechanism == "lease" and cfg.redeliveries == 0 and cfg.retries == 1:

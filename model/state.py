@@ -89,6 +89,9 @@ class State(NamedTuple):
     lease: Lease
     tasks: tuple[Task, ...]
     redeliveries: int  # left
+    extensions: int  # overlapping response-timeout extensions left
+    #: The attempt whose extension read its task IN_PROGRESS and has not written it back yet.
+    extending: int
     foreign: int  # foreign commits left
     attempts: tuple[Attempt | None, ...]
 
@@ -135,6 +138,8 @@ def initial_states(cfg: Config) -> Iterator[State]:
                     lease=Lease(),
                     tasks=tasks,
                     redeliveries=cfg.redeliveries,
+                    extensions=cfg.extensions,
+                    extending=NO_REF,
                     foreign=0 if cfg.foreign == "off" else 1,
                     attempts=(None,) * cfg.slots,
                 )

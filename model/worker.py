@@ -36,7 +36,7 @@ from model.config import Config
 from model.state import COMPLETED, FAILED, Attempt, State, attempt_name, ref_name, task_of
 from model.store import NO_REF, ROOT, add_commit, merge, merge_slot, staged_slot
 
-__all__ = ["RESET_WINDOW", "Transition", "decide", "steps"]
+__all__ = ["REPORTING", "RESET_WINDOW", "Transition", "decide", "steps"]
 
 #: (actor: attempt slot, or < 0 for the environment; what happened; next state; whether the
 #: step moved the target branch, which I2a/I2b check)
@@ -45,7 +45,9 @@ Transition = tuple[int, str, State, bool]
 #: Steps between the last head validation of a hard reset and the reset itself.
 RESET_WINDOW = frozenset({"tag", "refresh", "reset"})
 
-REPORTED = "REPORTED"  # fix guarded-report: reported under the lease, release next
+REPORTED = "REPORTED"  # guarded-report: reported under the lease, release next
+#: Steps at or after the final report: the extension thread has stopped.
+REPORTING = frozenset({"report"})
 FIRST, LANDED, REPLACE, REFUSE = "FIRST", "LANDED", "REPLACE", "refused"
 
 
@@ -57,9 +59,9 @@ def _put(s: State, slot: int, a: Attempt, **changes: Any) -> State:
 def _finish(cfg: Config, a: Attempt, status: str, ref: int = NO_REF) -> Attempt:
     """Leave the protocol: release the lease if it was acquired, then report.
 
-    With the fix guarded-report, a COMPLETED report goes first, under the lease.
+    With guarded-report (as coded), a COMPLETED report goes first, under the lease.
     """
-    report_first = not a.leased or (status == COMPLETED and cfg.fixed("guarded-report"))
+    report_first = not a.leased or (status == COMPLETED and cfg.guarded_report)
     pc = "report" if report_first else "release"
     # Only what reporting needs survives, so equal futures share one state.
     return Attempt(pc, input_ref=a.input_ref, leased=a.leased, status=status, ref=ref)
@@ -389,8 +391,10 @@ def _release(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
 
 
 def _report(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
+    if s.extending == slot and cfg.has("serial-report"):
+        return []  # waits for its extension in flight (report.TaskUpdates)
     label = ""
-    under_lease = a.leased and a.status == COMPLETED and cfg.fixed("guarded-report")
+    under_lease = a.leased and a.status == COMPLETED and cfg.guarded_report
     if under_lease and lease.guard(s.lease, slot):
         label = f"guarded report refused ({lease.guard(s.lease, slot)}); "
         a = a._replace(status=FAILED, ref=NO_REF)

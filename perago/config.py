@@ -56,7 +56,11 @@ class Settings(BaseSettings):
     lakefs_endpoint: str = Field(
         default="http://127.0.0.1:18000",
         validation_alias=AliasChoices("LAKECTL_SERVER_ENDPOINT_URL", "PERAGO_LAKEFS_ENDPOINT"),
-        description="lakeFS server URL, with or without `/api/v1` (as lakectl takes it).",
+        description="lakeFS server URL, with or without `/api/v1` (as lakectl takes it). "
+        "The three lakeFS settings also come from lakectl's configuration file "
+        "(`LAKECTL_CONFIG_FILE`, else `~/.lakectl.yaml`: `server.endpoint_url`, "
+        "`credentials.access_key_id`, `credentials.secret_access_key`); the variables win "
+        "over the file, as with lakectl.",
     )
     lakefs_access_key_id: str = Field(
         default="",
@@ -245,10 +249,56 @@ class Settings(BaseSettings):
             )
 
 
+#: lakectl's configuration file keys, as Settings fields.
+_LAKECTL_KEYS = {
+    ("server", "endpoint_url"): "lakefs_endpoint",
+    ("credentials", "access_key_id"): "lakefs_access_key_id",
+    ("credentials", "secret_access_key"): "lakefs_secret_access_key",
+}
+
+
+def _lakectl_file(source: Mapping[str, str], *, injected: bool) -> dict[str, object]:
+    """lakeFS settings from lakectl's YAML file: ``LAKECTL_CONFIG_FILE``, else (for the
+    process environment only, so injected test environments stay hermetic) ``~/.lakectl.yaml``.
+    """
+    named = source.get("LAKECTL_CONFIG_FILE")
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"LAKECTL_CONFIG_FILE={named} is not a file: point it at lakectl's YAML "
+                "configuration or unset it"
+            )
+    else:
+        path = Path(source.get("HOME") or Path.home()) / ".lakectl.yaml"
+        if injected or not path.is_file():
+            return {}
+    import yaml  # only when there is a file to read
+
+    try:
+        body = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(
+            f"cannot read lakectl's configuration {path} ({e}); fix or remove it"
+        ) from e
+    if not isinstance(body, dict):
+        raise ConfigError(f"lakectl's configuration {path} is not a YAML mapping; fix it")
+    found: dict[str, object] = {}
+    for (section, key), field in _LAKECTL_KEYS.items():
+        value = (body.get(section) or {}).get(key) if isinstance(body.get(section), dict) else None
+        if value:
+            found[field] = str(value)
+    return found
+
+
 def load(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-    """Build settings from ``env`` (default: the process environment) plus explicit overrides."""
+    """Build settings from ``env`` (default: the process environment) plus explicit overrides.
+
+    lakeFS settings also come from lakectl's configuration file, with lakectl's precedence:
+    variables over the file.
+    """
     source = os.environ if env is None else env
-    values: dict[str, object] = {}
+    values: dict[str, object] = _lakectl_file(source, injected=env is not None)
     for name, field in Settings.model_fields.items():
         aliases: list[str] = []
         if isinstance(field.validation_alias, AliasChoices):

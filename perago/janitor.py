@@ -126,8 +126,13 @@ def sweep_leases(
     managers = {repo: leases.manager(repo) for repo in repositories}
 
     def look() -> dict[str, list[LeaseRecord]]:
-        # Each look also (re)starts the manager's watch of every held lease it sees.
-        return {repo: m.records(f"branches/{repo}/") for repo, m in managers.items()}
+        # Each look also (re)starts the manager's watch of every held lease it sees (a
+        # changed one), so a fresh janitor's second look can find a silent holder.
+        seen = {repo: m.records(f"branches/{repo}/") for repo, m in managers.items()}
+        for repo, records in seen.items():
+            for record in records:
+                managers[repo].is_expired(record)
+        return seen
 
     seen = look()
     if watch > timedelta(0) and any(r.held for records in seen.values() for r in records):

@@ -8,7 +8,10 @@ The worker, the runner, the fences and the janitor talk to these types only;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from perago.coord.branch_leases import HeldLease
 
 __all__ = ["IN_PROGRESS", "AttemptLedger", "Orchestrator", "Outcome", "Status", "TaskSnapshot"]
 
@@ -48,6 +51,9 @@ class Outcome:
     status: Status
     output: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    #: The branch lease a COMPLETED publication still holds (model-check finding F3): the
+    #: worker reports under it, then releases it.
+    lease: HeldLease | None = field(default=None, compare=False, repr=False)
 
 
 class AttemptLedger(Protocol):
@@ -72,6 +78,14 @@ class Orchestrator(AttemptLedger, Protocol):
         """Push the delivery's response timeout back: the worker is still at it."""
         ...
 
-    def report(self, task: TaskSnapshot, outcome: Outcome, *, worker_id: str) -> None:
-        """Send the delivery's final outcome."""
+    def report(
+        self,
+        task: TaskSnapshot,
+        outcome: Outcome,
+        *,
+        worker_id: str,
+        timeout: float | None = None,
+    ) -> None:
+        """Send the delivery's final outcome; with ``timeout``: one try, within that many
+        seconds (a guarded write under the branch lease must not outlive it)."""
         ...

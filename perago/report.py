@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections.abc import Callable
 
 import structlog
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from perago import metrics
+from perago.coord.branch_leases import HeldLease
+from perago.errors import OrchestratorError
 from perago.orchestrator import TaskSnapshot
 
-__all__ = ["Landing", "TaskUpdates", "landing"]
+__all__ = ["Landing", "TaskUpdates", "landing", "under_lease"]
 
 log = structlog.get_logger("perago.report")
 
@@ -108,3 +111,31 @@ class TaskUpdates:
             return retrying(send_and_read)
         except RetryError:
             return Landing.RESEND
+
+
+def under_lease(
+    lease: HeldLease, send: Callable[[float], None], *, patience: float = 120.0
+) -> Callable[[], None]:
+    """``send(timeout)`` as a guarded write under the branch lease (renewed first when half
+    its ttl is gone), retried on transient errors while the lease holds, for ``patience``
+    seconds (a Conductor restart). LeaseLostError: another delivery took the branch, so this
+    one must not report COMPLETED (model-check finding F3)."""
+
+    def guarded_send() -> None:
+        deadline = time.monotonic() + patience
+        delay = 0.25
+        while True:
+            lease.refresh()
+            try:
+                lease.guarded(send)
+                return
+            except OrchestratorError as e:
+                # Unreachable or 5xx/429: ride out a restart while the lease holds.
+                transient = not e.status or e.status >= 500 or e.status == 429
+                if not transient or time.monotonic() > deadline:
+                    raise
+                log.warning("report_send_failed", error=e.message, retry_in=delay)
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
+
+    return guarded_send

@@ -19,7 +19,7 @@ from perago import failpoints, metrics
 from perago.attempt import RunningAttempt
 from perago.config import Settings
 from perago.context import attempt_context
-from perago.coord.branch_leases import BranchLeases
+from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.errors import (
     AttemptFenceError,
     GuardrailError,
@@ -265,8 +265,9 @@ class AttemptRunner:
             diff = compute_diff(manifest, attempt_dir.workspace)
             log.info("diffed", **diff.summary())
             attempt.step = "publish"
-            ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
-            return self._completed(target, ref, checked)
+            with self._publisher.lease_for_report() as kept:
+                ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
+            return self._completed(target, ref, checked, kept.lease)
 
     def _run_in_place(self, attempt: RunningAttempt) -> Outcome:
         """In place: the body reads the input ref and writes the staging branch over S3."""
@@ -289,8 +290,9 @@ class AttemptRunner:
             raise
         attempt.step = "publish"
         # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
-        ref = self._publisher.publish_in_place(me, target, prefix=prefix)
-        return self._completed(target, ref, checked)
+        with self._publisher.lease_for_report() as kept:
+            ref = self._publisher.publish_in_place(me, target, prefix=prefix)
+        return self._completed(target, ref, checked, kept.lease)
 
     def _body_and_checks(self, attempt: RunningAttempt, workspace: Any) -> BaseModel:
         attempt.step = "task body"
@@ -314,7 +316,9 @@ class AttemptRunner:
             return defn.fn(workspace, params)
 
     @staticmethod
-    def _completed(target: WorkspaceTarget, ref: str, result: BaseModel) -> Outcome:
+    def _completed(
+        target: WorkspaceTarget, ref: str, result: BaseModel, lease: HeldLease | None = None
+    ) -> Outcome:
         return Outcome(
             "COMPLETED",
             output={
@@ -325,6 +329,7 @@ class AttemptRunner:
                 },
                 "result": result.model_dump(mode="json"),
             },
+            lease=lease,
         )
 
 

@@ -625,7 +625,14 @@ class StubOrchestrator:
     def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
         self._update(Update("extend", task.task_id, worker_id))
 
-    def report(self, task: TaskSnapshot, outcome: Outcome, *, worker_id: str) -> None:
+    def report(
+        self,
+        task: TaskSnapshot,
+        outcome: Outcome,
+        *,
+        worker_id: str,
+        timeout: float | None = None,
+    ) -> None:
         self._update(Update("report", task.task_id, worker_id, outcome))
 
     def _update(self, update: Update) -> None:

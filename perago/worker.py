@@ -21,10 +21,12 @@ import structlog
 from perago import failpoints, metrics
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
+from perago.coord.errors import LeaseExpiringError, LeaseLostError
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.health import HealthServer
 from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
-from perago.report import Landing, TaskUpdates
+from perago.publish.transaction import release_lease
+from perago.report import Landing, TaskUpdates, under_lease
 from perago.runtime import AttemptRunner, outcome_of
 from perago.store import VersionStore
 from perago.task import TaskDefinition
@@ -303,13 +305,38 @@ class Worker:
             "retry_count": snapshot.retry_count,
             "status": outcome.status,
         }
-        try:
-            landed = updates.report(
-                outcome.status,
-                lambda: self._orchestrator.report(
-                    snapshot, outcome, worker_id=self._settings.worker_id
+        lease = outcome.lease
+        worker_id = self._settings.worker_id
+
+        def send() -> None:
+            self._orchestrator.report(snapshot, outcome, worker_id=worker_id)
+
+        if lease is not None and outcome.status == "COMPLETED":
+            http = self._settings.http_timeout.total_seconds()
+            send = under_lease(
+                lease,
+                lambda budget: self._orchestrator.report(
+                    snapshot, outcome, worker_id=worker_id, timeout=min(budget, http)
                 ),
             )
+        try:
+            try:
+                landed = updates.report(outcome.status, send)
+            except (LeaseLostError, LeaseExpiringError) as e:
+                # Another delivery of this task id holds the branch now: whatever this one
+                # published, its COMPLETED might contradict the branch (finding F3).
+                metrics.REPORT_PROBLEMS.labels("report_lease_lost").inc()
+                log.warning("guarded_report_refused", error=str(e), **fields)
+                failed = Outcome(
+                    "FAILED",
+                    reason=f"the branch lease was lost before the COMPLETED report ({e}); the "
+                    "retry decides from the branch",
+                )
+                fields["status"] = "FAILED"
+                landed = updates.report(
+                    "FAILED",
+                    lambda: self._orchestrator.report(snapshot, failed, worker_id=worker_id),
+                )
         except PeragoError as e:
             # Conductor times the attempt out and retries it; the retry decides from HEAD.
             metrics.REPORT_PROBLEMS.labels("report_failed").inc()
@@ -319,6 +346,10 @@ class Worker:
             metrics.REPORT_PROBLEMS.labels("report_crashed").inc()
             log.exception("report_failed", error=f"{type(e).__name__}: {e}", **fields)
             return
+        finally:
+            if lease is not None:
+                with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):
+                    release_lease(lease)
         if landed is Landing.LANDED:
             log.info("attempt_reported", **fields)
             return

@@ -281,8 +281,20 @@ class ConductorClient:
             raise
         return task_snapshot(t) if t else None
 
-    def report(self, task: TaskSnapshot, outcome: Outcome, *, worker_id: str) -> None:
-        self._update(_update_body(task, worker_id, outcome))
+    def report(
+        self,
+        task: TaskSnapshot,
+        outcome: Outcome,
+        *,
+        worker_id: str,
+        timeout: float | None = None,
+    ) -> None:
+        """Send the outcome; with ``timeout`` (a guarded write's budget): once, within it."""
+        body = _update_body(task, worker_id, outcome)
+        if timeout is None:
+            self._update(body)
+            return
+        self._call("POST", "/tasks", body=body, timeout=timeout, what=f"update task {task.task_id}")
 
     def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
         """Conductor's ``extendLease`` update: resets the task's response timeout."""

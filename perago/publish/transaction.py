@@ -7,9 +7,11 @@ Conductor and lakeFS say now; nothing is remembered between attempts.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -40,7 +42,7 @@ from perago.publish.scope import scope_markers
 from perago.store import Commit, VersionStore
 from perago.workspace import ContentCache, Diff, upload_all
 
-__all__ = ["HISTORY_LIMIT", "Publisher"]
+__all__ = ["HISTORY_LIMIT", "Publisher", "ReportLease", "release_lease"]
 
 #: Events carry the attempt's context (workflow id, task id, refs) from structlog's
 #: contextvars, bound once by the runner (perago.attempt.RunningAttempt.logging).
@@ -51,6 +53,28 @@ log = structlog.get_logger("perago.publish")
 HISTORY_LIMIT = 500
 #: Merges tried when the expected-head hook refuses because fan-out siblings moved the head.
 MERGE_TRIES = 4
+
+
+@dataclass
+class ReportLease:
+    """Filled with the branch lease of a completed publication, still held for the report."""
+
+    lease: HeldLease | None = None
+
+
+#: Set by :meth:`Publisher.lease_for_report` around a publication (per attempt thread).
+_report_box: contextvars.ContextVar[ReportLease | None] = contextvars.ContextVar(
+    "perago_report_lease", default=None
+)
+
+
+def release_lease(lease: HeldLease) -> None:
+    """Release a branch lease; a failure is only logged (it expires by itself)."""
+    try:
+        lease.release()
+        log.info("branch_lease_released", fencing_token=lease.token)
+    except Exception as e:  # noqa: BLE001 - it expires by itself; never mask the result
+        log.warning("lease_release_failed", fencing_token=lease.token, error=str(e))
 
 
 class Publisher:
@@ -449,7 +473,8 @@ class Publisher:
         repo, branch = target.repository, target.branch
         if self._leases is None:
             return self._noop_decision(me, target, None)
-        if not self._leases.held(repo, branch):
+        # Reporting under the lease (finding F3) leaves no shortcut: the report needs the lease.
+        if _report_box.get() is None and not self._leases.held(repo, branch):
             head, history = self._read_head(target)
             if head.id == target.input_ref:
                 log.info("noop_completed", ref=target.input_ref)
@@ -488,11 +513,29 @@ class Publisher:
         log.info("noop_relocated", ref=target.input_ref, replaced=head.id)
         return target.input_ref
 
+    @staticmethod
+    @contextlib.contextmanager
+    def lease_for_report() -> Iterator[ReportLease]:
+        """Publications inside keep the branch lease when they complete, for the report.
+
+        The caller reports COMPLETED as a guarded write under ``.lease`` and releases it after
+        the report (model-check finding F3): a delivery that lost the lease meanwhile (a
+        re-delivered task id took it) reports FAILED instead of a COMPLETED the branch may
+        contradict. The no-op path then always takes the lease, so its report is guarded too.
+        """
+        box = ReportLease()
+        token = _report_box.set(box)
+        try:
+            yield box
+        finally:
+            _report_box.reset(token)
+
     @contextlib.contextmanager
     def _branch_lease(
         self, me: AttemptIdentity, target: WorkspaceTarget
     ) -> Iterator[HeldLease | None]:
-        """Hold the target branch's lease (if configured) from the staged commit to Confirm.
+        """Hold the target branch's lease (if configured) from the staged commit to Confirm,
+        and on success on until the report (:meth:`take_report_lease`).
 
         Its fencing token goes into the staged commit (what a replacement installs) and the
         merge commit. A publisher killed while holding it delays the next one by the takeover
@@ -508,12 +551,15 @@ class Publisher:
         try:
             failpoints.hit("after_lease")
             yield lease
-        finally:
-            try:
-                lease.release()
-                log.info("branch_lease_released", fencing_token=lease.token)
-            except Exception as e:  # noqa: BLE001 - it expires by itself; never mask the result
-                log.warning("lease_release_failed", fencing_token=lease.token, error=str(e))
+        except BaseException:
+            release_lease(lease)
+            raise
+        box = _report_box.get()
+        if box is None:
+            release_lease(lease)
+            return
+        box.lease = lease
+        log.info("branch_lease_kept_for_report", fencing_token=lease.token)
 
     def _reset(
         self,

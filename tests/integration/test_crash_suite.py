@@ -67,6 +67,9 @@ def test_kill_at_failpoint_then_recover(
             assert w.wait_killed(conductor, wid) == -signal.SIGKILL
     with worker(env, tmp_path / "fresh.log") as fresh:
         wf = wait_workflow(conductor, wid, timeout=120, nudge=True)
+        if point != "after_complete":
+            # The lease is released after the report (finding F3): once the worker says so.
+            fresh.wait_for("attempt_reported", status="COMPLETED")
     assert wf["status"] == "COMPLETED"
     steps = attempts(wf, "step")
     if point == "after_complete":

@@ -30,7 +30,7 @@ from conductor.client.http.models import (
 )
 
 from perago.dev import stack
-from perago.errors import StackError
+from perago.errors import PeragoError, StackError
 
 pytestmark = pytest.mark.integration
 
@@ -258,3 +258,27 @@ def test_zz_down_leaves_nothing_then_up_again(info: stack.StackInfo) -> None:
     assert stack.down() == []  # nothing left to stop
     assert stack.up() == info
     assert all(s.healthy for s in stack.status().values())
+
+
+def test_lakectl_config_file_reaches_the_real_lakefs(
+    stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Only lakectl's file says where lakeFS is and who we are: the real server answers."""
+    from perago import config as config_module
+    from perago.adapters.lakefs import LakeFSStore
+
+    path = tmp_path / "lakectl.yaml"
+    path.write_text(
+        "credentials:\n"
+        f"  access_key_id: {stack_env['LAKECTL_CREDENTIALS_ACCESS_KEY_ID']}\n"
+        f"  secret_access_key: {stack_env['LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY']}\n"
+        "server:\n"
+        f"  endpoint_url: {stack_env['LAKECTL_SERVER_ENDPOINT_URL']}\n"
+    )
+    settings = config_module.load({"LAKECTL_CONFIG_FILE": str(path)})
+    assert isinstance(LakeFSStore(settings).list_repositories(), list)
+    wrong = config_module.load(
+        {"LAKECTL_CONFIG_FILE": str(path), "LAKECTL_CREDENTIALS_ACCESS_KEY_ID": "AKIANOBODY"}
+    )
+    with pytest.raises(PeragoError):
+        LakeFSStore(wrong).list_repositories()

@@ -362,3 +362,31 @@ def test_janitor_removes_released_leases_and_watched_dead_ones_only() -> None:
     assert [name for _, name, _ in report.kept] == ["branches/r/live"]
     assert {r.name for r in manager.records()} == {"branches/r/live", "branches/other/main"}
     manager.check(live.grant)  # untouched
+
+
+def test_a_fresh_janitor_watches_a_dead_holders_lease_and_removes_it() -> None:
+    """One pass of a just-started janitor (a worker's start-up pass, `perago janitor`): its
+    first look must start the watch, or a dead holder's lease is never removed (found by
+    `make chaos`: leases left held after the janitor)."""
+    from perago.coord.branch_leases import BranchLeases
+    from perago.coord.lease import LeaseManager
+    from perago.janitor import sweep_leases
+
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    store = MemoryStore()
+    holder = LeaseManager(store, ttl=timedelta(seconds=4), clock=lambda: clock[0], sleep=sleep)
+    BranchLeases.shared(holder, wait=timedelta(0)).acquire("r", "dead", "w-killed")
+    janitor = LeaseManager(store, ttl=timedelta(seconds=4), clock=lambda: clock[0], sleep=sleep)
+    report = sweep_leases(
+        BranchLeases.shared(janitor, wait=timedelta(0)),
+        repositories=["r"],
+        watch=timedelta(seconds=6.5),
+        sleep=sleep,
+    )
+    assert [(n, why) for _, n, why in report.removed] == [
+        ("branches/r/dead", "holder w-killed silent")
+    ]

@@ -103,7 +103,7 @@ def test_the_unused_are_gone() -> None:
     }
     assert not declared & {"testcontainers", "pyarrow"} - _allowed_by_connect()
     core = {canonicalize_name(r.name) for r in _requirements(None)}
-    assert not core & {"pyspark", "boto3", "pyyaml"}, "these are extras (spark, aws) or dev-only"
+    assert not core & {"pyspark", "boto3"}, "these are extras (spark, aws)"
 
 
 def _allowed_by_connect() -> set[str]:

@@ -326,3 +326,33 @@ def test_a_cluster_id_names_the_staging_branches_apart() -> None:
     assert replace(me, cluster_id="blue") == me  # the same attempt, wherever it is named
     with pytest.raises(ConfigError):  # a hyphen would let one cluster's prefix start another's
         config.load(env={"PERAGO_CLUSTER_ID": "blue-stg"})
+
+
+def test_for_the_report_a_publication_and_a_no_op_keep_the_branch_lease(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    """Finding F3's fix: inside ``lease_for_report`` the lease outlives the publication (the
+    worker reports under it); the no-op path takes it too, though it is free and the head is
+    the input ref; a failed publication releases it."""
+    leases = _leases([0.0])
+    base = store.branch_head("r", "main")
+    me = ident(task="t0")
+    pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
+    ws, diff = _workspace(tmp_path, "a", "first")
+    with pub.lease_for_report() as kept:
+        merged = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff)
+    assert kept.lease is not None and leases.held("r", "main")
+    kept.lease.release()
+    me2 = ident(wf="wf2", task="n0")
+    noop = Publisher(store, StaticLedger(snap(me2)), worker_id="w", leases=leases)
+    with noop.lease_for_report() as kept2:
+        out = noop.publish(me2, WorkspaceTarget("r", "main", merged), "data/", ws, Diff())
+    assert out == merged and kept2.lease is not None and leases.held("r", "main")
+    kept2.lease.release()
+    stale = Publisher(store, StaticLedger(snap(me, "TIMED_OUT")), worker_id="w", leases=leases)
+    with stale.lease_for_report() as kept3, pytest.raises(AttemptFenceError):
+        stale.publish(me, WorkspaceTarget("r", "main", merged), "data/", ws, diff)
+    assert kept3.lease is None and not leases.held("r", "main")
+    # Outside lease_for_report nothing changes: released at once, the no-op shortcut stays.
+    noop.publish(me2, WorkspaceTarget("r", "main", merged), "data/", ws, Diff())
+    assert not leases.held("r", "main")

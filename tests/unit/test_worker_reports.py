@@ -90,3 +90,70 @@ def test_a_report_that_fails_is_logged_and_counted(
         _attempt(conductor, Runner(Outcome("COMPLETED")), tmp_path)
     assert _count(reason) == before + 1
     assert any(e["event"] == "report_failed" for e in logs)
+
+
+# -- the guarded report (model-check finding F3) ----------------------------------------------
+
+
+def _branch_leases() -> tuple[Any, list[float]]:
+    from datetime import timedelta
+
+    from perago.coord.branch_leases import BranchLeases
+    from perago.coord.lease import LeaseManager
+    from perago.coord.memory import MemoryStore as CoordMemory
+
+    clock = [0.0]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    manager = LeaseManager(
+        CoordMemory(), ttl=timedelta(seconds=4), clock=lambda: clock[0], sleep=sleep
+    )
+    return BranchLeases.shared(manager, wait=timedelta(seconds=30)), clock
+
+
+class HolderWatchingStub(StubOrchestrator):
+    """Records who holds the branch lease while each report is sent."""
+
+    def __init__(self, leases: Any) -> None:
+        super().__init__()
+        self.leases = leases
+        self.holders: list[str | None] = []
+
+    def report(self, task: Any, outcome: Outcome, *, worker_id: str, **kw: Any) -> None:
+        self.holders.append(self.leases.manager("r").holder("branches/r/main"))
+        super().report(task, outcome, worker_id=worker_id, **kw)
+
+
+def test_completed_is_reported_under_the_branch_lease_which_is_released_after(
+    tmp_path: Path,
+) -> None:
+    leases, _ = _branch_leases()
+    held = leases.acquire("r", "main", "t0-p1")
+    conductor = HolderWatchingStub(leases)
+    _attempt(conductor, Runner(Outcome("COMPLETED", lease=held)), tmp_path)
+    assert [u.outcome.status for u in conductor.reports() if u.outcome] == ["COMPLETED"]
+    assert [h.owner if h else None for h in conductor.holders] == ["t0-p1"]
+    assert not leases.held("r", "main")  # released after the report
+
+
+def test_a_delivery_that_lost_the_branch_lease_reports_failed_not_completed(
+    tmp_path: Path,
+) -> None:
+    """F3: the task id was delivered again and the other delivery took the branch over; this
+    one's COMPLETED could contradict what the branch will say, so it reports FAILED."""
+    leases, clock = _branch_leases()
+    held = leases.acquire("r", "main", "t0-p1")
+    leases.manager("r").is_expired(leases.manager("r").records()[0])  # the taker watches...
+    clock[0] += 10  # ...past the takeover time (ttl 4 s x 1.5): p1 paused, p2 takes over
+    leases.acquire("r", "main", "t0-p2")
+    before = _count("report_lease_lost")
+    conductor = StubOrchestrator()
+    with structlog.testing.capture_logs() as logs:
+        _attempt(conductor, Runner(Outcome("COMPLETED", lease=held)), tmp_path)
+    [report] = [u.outcome for u in conductor.reports() if u.outcome]
+    assert report.status == "FAILED" and "branch lease was lost" in report.reason
+    assert _count("report_lease_lost") == before + 1
+    assert any(e["event"] == "guarded_report_refused" for e in logs)
+    assert leases.held("r", "main")  # p2's lease is untouched
