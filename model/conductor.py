@@ -1,6 +1,6 @@
 """Conductor as the attempts see it: task ids, deliveries, timeouts, retries, updates.
 
-Follows the server's behaviour (docs in /work/shared/notes/conductor.md): a response
+Follows the server's behaviour (as the integration tests see the real server): a response
 timeout makes an IN_PROGRESS task TIMED_OUT and schedules the retry (new task id, retry
 count + 1) whether or not its worker is still alive; an update is effective iff the task id
 is not terminal (the server checks neither worker id nor poll count, so with re-deliveries

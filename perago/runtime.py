@@ -1,7 +1,7 @@
 """One attempt, start to finish: guardrails, materialize, body, diff, publish, outcome.
 
 The worker polls and reports; this module decides what an attempt's outcome is, following
-the failure matrix of PROTOCOL.md.
+the failure matrix of docs/protocol.md.
 """
 
 from __future__ import annotations

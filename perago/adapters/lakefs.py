@@ -131,12 +131,31 @@ class LakeFSStore:
     # -- repositories and refs ------------------------------------------------------------
 
     @_retry_idempotent
+    def storage_namespace_for(self, name: str) -> str:
+        """Where a new repository's data goes, as lakeFS says (its default namespace prefix),
+        so the same call works on a local, S3, GCS or Azure blockstore."""
+        cfg = self._call("get storage config", lakefs_sdk.ConfigApi(self._client).get_config)
+        storage = cfg.storage_config
+        prefix = (storage.default_namespace_prefix or "") if storage else ""
+        if not prefix:
+            kind = storage.blockstore_type if storage else "unknown"
+            example = storage.blockstore_namespace_example if storage else ""
+            raise StoreError(
+                f"lakeFS ({kind} blockstore) has no default storage namespace prefix: set "
+                f"blockstore.default_namespace_prefix in lakeFS's configuration, or create "
+                f"repository {name!r} yourself (lakectl repo create, namespace like {example})"
+            )
+        return prefix + name if prefix.endswith("://") else prefix.rstrip("/") + "/" + name
+
+    @_retry_idempotent
     def create_repository(self, name: str, *, default_branch: str = "main") -> None:
         self._call(
             f"create repository {name!r}",
             self.repos.create_repository,
             lakefs_sdk.RepositoryCreation(
-                name=name, storage_namespace=f"local://{name}", default_branch=default_branch
+                name=name,
+                storage_namespace=self.storage_namespace_for(name),
+                default_branch=default_branch,
             ),
         )
 

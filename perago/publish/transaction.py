@@ -1,4 +1,4 @@
-"""Try / Confirm / Cancel for one writable attempt (PROTOCOL.md steps 6-12).
+"""Try / Confirm / Cancel for one writable attempt (docs/protocol.md, steps 6-12).
 
 Every decision is taken from the explicit staged reference, the workspace target and what
 Conductor and lakeFS say now; nothing is remembered between attempts.

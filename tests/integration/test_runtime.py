@@ -1,4 +1,4 @@
-"""The failure matrix of PROTOCOL.md, row by row, through real workers, Conductor and lakeFS."""
+"""docs/protocol.md's failure matrix, row by row, through real workers, Conductor, lakeFS."""
 
 from __future__ import annotations
 

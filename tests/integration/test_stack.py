@@ -29,6 +29,7 @@ from conductor.client.http.models import (
     WorkflowTask,
 )
 
+from perago.config import Settings
 from perago.dev import stack
 from perago.errors import PeragoError, StackError
 
@@ -282,3 +283,18 @@ def test_lakectl_config_file_reaches_the_real_lakefs(
     )
     with pytest.raises(PeragoError):
         LakeFSStore(wrong).list_repositories()
+
+
+def test_new_repositories_go_where_lakefs_says(settings: Settings) -> None:
+    """`repo init --create` takes lakeFS's own default namespace prefix (local:// here)."""
+    from perago.adapters.lakefs import LakeFSStore
+
+    store = LakeFSStore(settings)
+    name = f"ns-{uuid.uuid4().hex[:8]}"
+    assert store.storage_namespace_for(name) == f"local://{name}"
+    store.create_repository(name)
+    try:
+        api = lakefs_sdk.RepositoriesApi(store._client)
+        assert api.get_repository(name).storage_namespace == f"local://{name}"
+    finally:
+        store.delete_repository(name)
