@@ -154,7 +154,7 @@ class _Side:
         )
         target = WorkspaceTarget(self.repo, branch, input_ref)
         started = time.perf_counter()
-        ref = publisher.publish(me, target, PREFIX, self.workspace, Diff(changed=(FILE,)), self.log)
+        ref = publisher.publish(me, target, PREFIX, self.workspace, Diff(changed=(FILE,)))
         return ref, time.perf_counter() - started
 
     def run(self, path: str, counted: bool, lease_store: CountingStore) -> None:

@@ -90,12 +90,12 @@ def _publish(
         parallelism=settings.transfer_parallelism,
         cache=cache,
     )
-    log = structlog.get_logger("benchmarks").bind(task_id=task_id)
+
     cpu = _cpu_s()
     started = time.perf_counter()
     diff = compute_diff(manifest, root)
     diffed = time.perf_counter()
-    ref = publisher.publish(me, WorkspaceTarget(repo, branch, input_ref), prefix, root, diff, log)
+    ref = publisher.publish(me, WorkspaceTarget(repo, branch, input_ref), prefix, root, diff)
     done = time.perf_counter()
     return {
         "seconds": done - started,

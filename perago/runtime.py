@@ -6,18 +6,19 @@ the failure matrix of docs/protocol.md.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perago import failpoints, metrics
+from perago.attempt import RunningAttempt
 from perago.config import Settings
-from perago.context import AttemptInfo, attempt_context
+from perago.context import attempt_context
 from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.errors import (
     AttemptFenceError,
@@ -49,6 +50,9 @@ __all__ = [
 
 #: What an attempt interrupted by the worker's drain reports (Conductor retries it).
 SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+
+#: Events carry the attempt's context from structlog's contextvars (RunningAttempt.logging).
+log = structlog.get_logger("perago.attempt")
 
 
 class WorkspaceInput(BaseModel):
@@ -120,53 +124,35 @@ class AttemptRunner:
         )
 
     def run(self, defn: TaskDefinition[Any, Any], task: TaskSnapshot) -> Outcome:
-        me = AttemptIdentity(
-            workflow_id=task.workflow_id,
-            reference_name=task.reference_name,
-            task_id=task.task_id,
-            retry_count=task.retry_count,
-            poll_count=task.poll_count,
-            task_type=task.task_type,
-            cluster_id=self._settings.cluster_id,
-        )
-        log: structlog.stdlib.BoundLogger = structlog.get_logger("perago.attempt").bind(
-            workflow_id=me.workflow_id,
-            task_id=me.task_id,
-            task_type=me.task_type,
-            task_ref=me.reference_name,
-            retry_count=me.retry_count,
-        )
+        attempt = RunningAttempt.start(defn, task, cluster_id=self._settings.cluster_id)
         started = time.monotonic()
-        try:
-            target, params = self._pre_guardrails(defn, task.input, me)
-            # the scope is recorded in every commit of this attempt (perago.publish.scope)
-            me = dataclasses.replace(me, scope=defn.workspace.render(params))
-            if not defn.workspace.read_only and isinstance(self._ledger, ParentSteps):
-                # a step of a retried sub-workflow is the same logical step (perago.lineage)
-                key, retries = step_lineage(self._ledger, me.workflow_id, me.reference_name)
-                me = dataclasses.replace(me, step_key=key, lineage_retries=retries)
-        except GuardrailError as e:
-            log.warning("pre_guardrails_failed", reason=e.message)
-            return outcome_of(e, where="pre-guardrail")
-        except PeragoError as e:
-            log.warning("pre_guardrails_unavailable", reason=e.message)
-            return outcome_of(e, where="pre-guardrail (store or Conductor unavailable)")
-        log = log.bind(
-            repository=target.repository,
-            branch=target.branch,
-            input_ref=target.input_ref,
-            scope=me.scope,
-        )
-        log.info("pre_guardrails_passed", read_only=defn.workspace.read_only)
-        outcome = self._run_checked(defn, me, target, params, log)
-        log.info(
-            "attempt_finished",
-            status=outcome.status,
-            reason=outcome.reason or None,
-            ref=outcome.output.get("workspace", {}).get("ref"),
-            seconds=round(time.monotonic() - started, 3),
-        )
-        return outcome
+        with attempt.logging():
+            try:
+                target, params = self._pre_guardrails(defn, task.input, attempt.identity)
+                # the scope is recorded in every commit of this attempt (perago.publish.scope)
+                attempt.resolved(target, params, defn.workspace.render(params))
+                me = attempt.identity
+                if not defn.workspace.read_only and isinstance(self._ledger, ParentSteps):
+                    # a step of a retried sub-workflow is the same logical step (perago.lineage)
+                    key, retries = step_lineage(self._ledger, me.workflow_id, me.reference_name)
+                    attempt.identity = replace(me, step_key=key, lineage_retries=retries)
+            except GuardrailError as e:
+                log.warning("pre_guardrails_failed", reason=e.message)
+                return outcome_of(e, where="pre-guardrail")
+            except PeragoError as e:
+                log.warning("pre_guardrails_unavailable", reason=e.message)
+                return outcome_of(e, where="pre-guardrail (store or Conductor unavailable)")
+            with attempt.logging():
+                log.info("pre_guardrails_passed", read_only=defn.workspace.read_only)
+                outcome = self._run_checked(attempt)
+                log.info(
+                    "attempt_finished",
+                    status=outcome.status,
+                    reason=outcome.reason or None,
+                    ref=outcome.output.get("workspace", {}).get("ref"),
+                    seconds=round(time.monotonic() - started, 3),
+                )
+                return outcome
 
     def _pre_guardrails(
         self, defn: TaskDefinition[Any, Any], raw: dict[str, Any], me: AttemptIdentity
@@ -229,48 +215,34 @@ class AttemptRunner:
             return pinned
         return head
 
-    def _run_checked(
-        self,
-        defn: TaskDefinition[Any, Any],
-        me: AttemptIdentity,
-        target: WorkspaceTarget,
-        params: BaseModel,
-        log: structlog.stdlib.BoundLogger,
-    ) -> Outcome:
-        step = ["start"]
+    def _run_checked(self, attempt: RunningAttempt) -> Outcome:
         try:
-            if defn.workspace.in_place:
-                return self._run_in_place(defn, me, target, params, log, step)
-            return self._run_local(defn, me, target, params, log, step)
+            if attempt.defn.workspace.in_place:
+                return self._run_in_place(attempt)
+            return self._run_local(attempt)
         except WorkerShutdown as e:
-            log.warning("attempt_interrupted", step=step[0])
-            return outcome_of(e, where=step[0])
+            log.warning("attempt_interrupted", step=attempt.step)
+            return outcome_of(e, where=attempt.step)
         except LeaseLostError as e:
-            log.warning("lease_lost", step=step[0], reason=str(e))
-            return outcome_of(e, where=step[0])
+            log.warning("lease_lost", step=attempt.step, reason=str(e))
+            return outcome_of(e, where=attempt.step)
         except TaskError as e:
-            log.warning("task_error", step=step[0], reason=e.message, non_retryable=e.non_retryable)
-            return outcome_of(e, where=step[0])
+            log.warning(
+                "task_error", step=attempt.step, reason=e.message, non_retryable=e.non_retryable
+            )
+            return outcome_of(e, where=attempt.step)
         except Exception as e:  # noqa: BLE001 - any failure of user code or I/O fails the attempt
             if isinstance(e, AttemptFenceError):
                 metrics.FENCE_REJECTIONS.labels("attempt").inc()
             elif isinstance(e, PublishFenceError):
                 metrics.FENCE_REJECTIONS.labels("publish").inc()
-            log.warning("attempt_failed", step=step[0], error=f"{type(e).__name__}: {e}")
-            return outcome_of(e, where=step[0])
+            log.warning("attempt_failed", step=attempt.step, error=f"{type(e).__name__}: {e}")
+            return outcome_of(e, where=attempt.step)
 
-    def _run_local(
-        self,
-        defn: TaskDefinition[Any, Any],
-        me: AttemptIdentity,
-        target: WorkspaceTarget,
-        params: BaseModel,
-        log: structlog.stdlib.BoundLogger,
-        step: list[str],
-    ) -> Outcome:
+    def _run_local(self, attempt: RunningAttempt) -> Outcome:
         """Local projection: download the prefix, run, diff, stage, publish."""
-        step[0] = "materialize"
-        prefix = me.scope or defn.workspace.prefix
+        attempt.step = "materialize"
+        me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
         with AttemptDirectory(self._settings.work_dir, me.task_id) as attempt_dir:
             manifest = materialize(
                 self._store,
@@ -279,40 +251,30 @@ class AttemptRunner:
                 prefix,
                 attempt_dir.workspace,
                 parallelism=self._settings.transfer_parallelism,
-                cache=self.cache,
             )
             manifest.save(attempt_dir.manifest_path)
             log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
             metrics.FILES.labels("download").inc(len(manifest.entries))
             metrics.BYTES.labels("download").inc(manifest.total_bytes)
             failpoints.hit("after_materialize")
-            checked = self._body_and_checks(
-                defn, me, target, params, attempt_dir.workspace, log, step
-            )
-            if defn.workspace.read_only:
+            checked = self._body_and_checks(attempt, attempt_dir.workspace)
+            if attempt.defn.workspace.read_only:
                 log.info("read_only_completed", ref=target.input_ref)
                 return self._completed(target, target.input_ref, checked)
-            step[0] = "diff"
+            attempt.step = "diff"
             diff = compute_diff(manifest, attempt_dir.workspace)
             log.info("diffed", **diff.summary())
-            step[0] = "publish"
+            attempt.step = "publish"
             with self._publisher.lease_for_report() as kept:
-                ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff, log)
+                ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
             return self._completed(target, ref, checked, kept.lease)
 
-    def _run_in_place(
-        self,
-        defn: TaskDefinition[Any, Any],
-        me: AttemptIdentity,
-        target: WorkspaceTarget,
-        params: BaseModel,
-        log: structlog.stdlib.BoundLogger,
-        step: list[str],
-    ) -> Outcome:
+    def _run_in_place(self, attempt: RunningAttempt) -> Outcome:
         """In place: the body reads the input ref and writes the staging branch over S3."""
-        step[0] = "stage"
-        staging = self._publisher.open_in_place(me, target, log)
-        repo, prefix = target.repository, me.scope or defn.workspace.prefix
+        attempt.step = "stage"
+        me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
+        staging = self._publisher.open_in_place(me, target)
+        repo = target.repository
         try:
             remote = RemoteWorkspace(
                 input_uri=f"s3a://{repo}/{target.input_ref}/{prefix}",
@@ -322,53 +284,27 @@ class AttemptRunner:
                 staging_branch=staging,
                 prefix=prefix,
             )
-            checked = self._body_and_checks(defn, me, target, params, remote, log, step)
+            checked = self._body_and_checks(attempt, remote)
         except BaseException:
-            self._publisher.cancel(repo, staging, log)
+            self._publisher.cancel(repo, staging)
             raise
-        step[0] = "publish"
+        attempt.step = "publish"
         # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
         with self._publisher.lease_for_report() as kept:
-            ref = self._publisher.publish_in_place(me, target, log, prefix=prefix)
+            ref = self._publisher.publish_in_place(me, target, prefix=prefix)
         return self._completed(target, ref, checked, kept.lease)
 
-    def _body_and_checks(
-        self,
-        defn: TaskDefinition[Any, Any],
-        me: AttemptIdentity,
-        target: WorkspaceTarget,
-        params: BaseModel,
-        workspace: Any,
-        log: structlog.stdlib.BoundLogger,
-        step: list[str],
-    ) -> BaseModel:
-        step[0] = "task body"
-        result = self._call_body(defn, me, target, params, workspace)
+    def _body_and_checks(self, attempt: RunningAttempt, workspace: Any) -> BaseModel:
+        attempt.step = "task body"
+        result = self._call_body(attempt, workspace)
         log.info("body_finished")
         failpoints.hit("after_body")
-        step[0] = "post-guardrail"
-        return check_result(defn, result)
+        attempt.step = "post-guardrail"
+        return check_result(attempt.defn, result)
 
-    def _call_body(
-        self,
-        defn: TaskDefinition[Any, Any],
-        me: AttemptIdentity,
-        target: WorkspaceTarget,
-        params: BaseModel,
-        workspace: Any,
-    ) -> Any:
-        current = AttemptInfo(
-            workflow_id=me.workflow_id,
-            task_id=me.task_id,
-            task_type=me.task_type,
-            reference_name=me.reference_name,
-            retry_count=me.retry_count,
-            poll_count=me.poll_count,
-            repository=target.repository,
-            branch=target.branch,
-            input_ref=target.input_ref,
-        )
-        with attempt_context(current):
+    def _call_body(self, attempt: RunningAttempt, workspace: Any) -> Any:
+        defn, params = attempt.defn, attempt.params
+        with attempt_context(attempt.info()):
             if defn.wants_spark:
                 if self._spark is None:
                     raise TaskError(

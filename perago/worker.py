@@ -348,7 +348,8 @@ class Worker:
             return
         finally:
             if lease is not None:
-                release_lease(lease, log.bind(task_id=snapshot.task_id))
+                with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):
+                    release_lease(lease)
         if landed is Landing.LANDED:
             log.info("attempt_reported", **fields)
             return

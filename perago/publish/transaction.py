@@ -44,6 +44,10 @@ from perago.workspace import ContentCache, Diff, upload_all
 
 __all__ = ["HISTORY_LIMIT", "Publisher", "ReportLease", "release_lease"]
 
+#: Events carry the attempt's context (workflow id, task id, refs) from structlog's
+#: contextvars, bound once by the runner (perago.attempt.RunningAttempt.logging).
+log = structlog.get_logger("perago.publish")
+
 #: How far back the publish fence follows a head's first-parent chain to the input ref: a
 #: fan-out whose siblings published more often than this since its input ref fails closed.
 HISTORY_LIMIT = 500
@@ -64,7 +68,7 @@ _report_box: contextvars.ContextVar[ReportLease | None] = contextvars.ContextVar
 )
 
 
-def release_lease(lease: HeldLease, log: structlog.stdlib.BoundLogger) -> None:
+def release_lease(lease: HeldLease) -> None:
     """Release a branch lease; a failure is only logged (it expires by itself)."""
     try:
         lease.release()
@@ -100,21 +104,18 @@ class Publisher:
         prefix: str,
         workspace: Path,
         diff: Diff,
-        log: structlog.stdlib.BoundLogger,
     ) -> str:
         """Fence, stage, fence, confirm; returns the ref the target branch now holds."""
-        self._fence(me, log, 1)
+        self._fence(me, 1)
         if diff.is_empty:
-            return self._confirm_noop(me, target, log)
+            return self._confirm_noop(me, target)
         try:
-            branch = self._stage(me, target, prefix, workspace, diff, log)
-            return self._commit_and_confirm(me, target, branch, log, **diff.summary())
+            branch = self._stage(me, target, prefix, workspace, diff)
+            return self._commit_and_confirm(me, target, branch, **diff.summary())
         finally:
-            self.cancel(target.repository, staging_branch_name(me), log)
+            self.cancel(target.repository, staging_branch_name(me))
 
-    def open_in_place(
-        self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
-    ) -> str:
+    def open_in_place(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
         """Create the staging branch an in-place body writes to (through the S3 gateway)."""
         branch = self._create_staging_branch(me, target)
         log.info("staging_branch_created", staging_branch=branch, in_place=True)
@@ -124,7 +125,6 @@ class Publisher:
         self,
         me: AttemptIdentity,
         target: WorkspaceTarget,
-        log: structlog.stdlib.BoundLogger,
         *,
         prefix: str = "",
     ) -> str:
@@ -136,7 +136,7 @@ class Publisher:
         only when the body fails before this is called).
         """
         try:
-            self._fence(me, log, 1)
+            self._fence(me, 1)
             repo, branch = target.repository, staging_branch_name(me)
             outside = self._store.uncommitted_outside(repo, branch, prefix)
             if outside:
@@ -148,12 +148,12 @@ class Publisher:
                     non_retryable=True,
                 )
             if not self._store.has_uncommitted(repo, branch):
-                return self._confirm_noop(me, target, log)
-            return self._commit_and_confirm(me, target, branch, log)
+                return self._confirm_noop(me, target)
+            return self._commit_and_confirm(me, target, branch)
         finally:
-            self.cancel(target.repository, staging_branch_name(me), log)
+            self.cancel(target.repository, staging_branch_name(me))
 
-    def _fence(self, me: AttemptIdentity, log: structlog.stdlib.BoundLogger, n: int) -> None:
+    def _fence(self, me: AttemptIdentity, n: int) -> None:
         check_attempt(self._ledger, me, worker_id=self._worker_id)
         log.info("attempt_fence_passed", fence=n)
         failpoints.hit(f"after_fence{n}")
@@ -163,16 +163,15 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         branch: str,
-        log: structlog.stdlib.BoundLogger,
         **counts: int,
     ) -> str:
         """Under the branch lease: the staged commit, attempt fence 2, publish fence, Confirm."""
-        with self._branch_lease(me, target, log) as lease:
-            staged = self._commit_staging(me, target, branch, lease, log, **counts)
+        with self._branch_lease(me, target) as lease:
+            staged = self._commit_staging(me, target, branch, lease, **counts)
             failpoints.hit("after_stage")
-            self._fence(me, log, 2)
+            self._fence(me, 2)
             started = time.monotonic()
-            published = self._confirm(me, target, staged, lease, log)
+            published = self._confirm(me, target, staged, lease)
             metrics.PUBLISH_SECONDS.labels("publish").observe(time.monotonic() - started)
             failpoints.hit("after_publish")
             return published
@@ -186,7 +185,6 @@ class Publisher:
         prefix: str,
         workspace: Path,
         diff: Diff,
-        log: structlog.stdlib.BoundLogger,
     ) -> str:
         """Upload the diff to a fresh staging branch (committed later, under the lease)."""
         repo = target.repository
@@ -229,7 +227,6 @@ class Publisher:
         target: WorkspaceTarget,
         branch: str,
         lease: HeldLease | None,
-        log: structlog.stdlib.BoundLogger,
         **counts: int,
     ) -> StagedReference:
         """Commit the staging branch: the commit that a replacement publication installs."""
@@ -265,7 +262,6 @@ class Publisher:
         target: WorkspaceTarget,
         staged: StagedReference,
         lease: HeldLease | None,
-        log: structlog.stdlib.BoundLogger,
     ) -> str:
         repo = target.repository
         head, history = self._read_head(target)
@@ -275,7 +271,7 @@ class Publisher:
         if decision is HeadDecision.LANDED:
             return self._own_commit(head, history, me)
         if decision is HeadDecision.REPLACE:
-            self._reset(me, target, head.id, staged.staging_commit, lease, log)
+            self._reset(me, target, head.id, staged.staging_commit, lease)
             now = self._store.branch_head(repo, target.branch)
             if now != staged.staging_commit:
                 raise PublishFenceError(
@@ -286,10 +282,10 @@ class Publisher:
             log.info("published", mode="replace", ref=now, replaced=head.id)
             return now
         if decision is HeadDecision.SCOPED_REPLACE:
-            return self._scoped_replace(me, target, staged, lease, head, history, log)
+            return self._scoped_replace(me, target, staged, lease, head, history)
         for attempt in range(1, MERGE_TRIES + 1):
             try:
-                return self._merge(me, target, staged, lease, head, log)
+                return self._merge(me, target, staged, lease, head)
             except ConflictError as e:
                 moved = e.status == 412 and "perago: destination head" in e.message
                 error = PublishFenceError(
@@ -317,7 +313,6 @@ class Publisher:
         staged: StagedReference,
         lease: HeldLease | None,
         head: Commit,
-        log: structlog.stdlib.BoundLogger,
         **extra: str,
     ) -> str:
         """Confirm by merge (first or beside-siblings publication), guarded by the lease."""
@@ -370,7 +365,6 @@ class Publisher:
         lease: HeldLease | None,
         head: Commit,
         history: list[Commit],
-        log: structlog.stdlib.BoundLogger,
     ) -> str:
         """A retry inside a fan-out: an earlier attempt of this step published, and disjoint
         siblings merged on top of it. Never a hard reset over them: on a private branch from
@@ -413,7 +407,7 @@ class Publisher:
             )
             try:
                 return self._merge(
-                    me, target, source, lease, head, log, replaces=",".join(c.id for c in undo)
+                    me, target, source, lease, head, replaces=",".join(c.id for c in undo)
                 )
             except ConflictError as e:
                 raise PublishFenceError(
@@ -422,7 +416,7 @@ class Publisher:
                     "was published"
                 ) from e
         finally:
-            self.cancel(repo, scoped, log)
+            self.cancel(repo, scoped)
 
     def _read_head(self, target: WorkspaceTarget) -> tuple[Commit, list[Commit]]:
         """The target head and, when it moved past the input ref, its first-parent chain."""
@@ -466,9 +460,7 @@ class Publisher:
             f"history before retrying ({problem})"
         )
 
-    def _confirm_noop(
-        self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
-    ) -> str:
+    def _confirm_noop(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
         """An empty diff: complete on the input ref, or move an abandoned publication off it.
 
         An earlier attempt of the step that passed its fence #2 holds the branch lease until
@@ -480,7 +472,7 @@ class Publisher:
         """
         repo, branch = target.repository, target.branch
         if self._leases is None:
-            return self._noop_decision(me, target, None, log)
+            return self._noop_decision(me, target, None)
         # Reporting under the lease (finding F3) leaves no shortcut: the report needs the lease.
         if _report_box.get() is None and not self._leases.held(repo, branch):
             head, history = self._read_head(target)
@@ -494,16 +486,15 @@ class Publisher:
             if beside is HeadDecision.BESIDE:
                 log.info("noop_completed", ref=target.input_ref, head=head.id)
                 return target.input_ref
-        with self._branch_lease(me, target, log) as lease:
-            self._fence(me, log, 2)
-            return self._noop_decision(me, target, lease, log)
+        with self._branch_lease(me, target) as lease:
+            self._fence(me, 2)
+            return self._noop_decision(me, target, lease)
 
     def _noop_decision(
         self,
         me: AttemptIdentity,
         target: WorkspaceTarget,
         lease: HeldLease | None,
-        log: structlog.stdlib.BoundLogger,
     ) -> str:
         head, history = self._read_head(target)
         decision = decide_publication(head, target.input_ref, me, history)
@@ -512,13 +503,13 @@ class Publisher:
             log.info("noop_completed", ref=target.input_ref, head=head.id)
             return target.input_ref
         if decision is HeadDecision.SCOPED_REPLACE:
-            return self._scoped_replace(me, target, None, lease, head, history, log)
+            return self._scoped_replace(me, target, None, lease, head, history)
         if decision is HeadDecision.LANDED:
             raise PublishFenceError(
                 f"no-op attempt found its own publication {head.id} on {target.branch}; "
                 "this cannot happen for an empty diff: inspect the branch"
             )
-        self._reset(me, target, head.id, target.input_ref, lease, log)
+        self._reset(me, target, head.id, target.input_ref, lease)
         log.info("noop_relocated", ref=target.input_ref, replaced=head.id)
         return target.input_ref
 
@@ -541,7 +532,7 @@ class Publisher:
 
     @contextlib.contextmanager
     def _branch_lease(
-        self, me: AttemptIdentity, target: WorkspaceTarget, log: structlog.stdlib.BoundLogger
+        self, me: AttemptIdentity, target: WorkspaceTarget
     ) -> Iterator[HeldLease | None]:
         """Hold the target branch's lease (if configured) from the staged commit to Confirm,
         and on success on until the report (:meth:`take_report_lease`).
@@ -561,11 +552,11 @@ class Publisher:
             failpoints.hit("after_lease")
             yield lease
         except BaseException:
-            release_lease(lease, log)
+            release_lease(lease)
             raise
         box = _report_box.get()
         if box is None:
-            release_lease(lease, log)
+            release_lease(lease)
             return
         box.lease = lease
         log.info("branch_lease_kept_for_report", fencing_token=lease.token)
@@ -577,7 +568,6 @@ class Publisher:
         seen_head: str,
         to: str,
         lease: HeldLease | None,
-        log: structlog.stdlib.BoundLogger,
     ) -> None:
         """Hard-reset the target (no CAS in lakeFS): under the branch lease when configured.
 
@@ -587,7 +577,7 @@ class Publisher:
         """
         repo = target.repository
         if lease is None:
-            self._keep_reachable(repo, seen_head, me, log)
+            self._keep_reachable(repo, seen_head, me)
             self._store.hard_reset(repo, target.branch, to)
             return
         if self._store.branch_head(repo, target.branch) != seen_head:
@@ -595,7 +585,7 @@ class Publisher:
                 f"the head of {target.branch} moved while this attempt held the branch lease "
                 f"(saw {seen_head[:12]}): a writer outside Perago; nothing was reset"
             )
-        self._keep_reachable(repo, seen_head, me, log)
+        self._keep_reachable(repo, seen_head, me)
         lease.refresh()
         failpoints.hit("before_reset")
         lease.guarded(
@@ -603,9 +593,7 @@ class Publisher:
         )
         log.info("reset_under_lease", fencing_token=lease.token, ref=to)
 
-    def _keep_reachable(
-        self, repo: str, commit_id: str, me: AttemptIdentity, log: structlog.stdlib.BoundLogger
-    ) -> None:
+    def _keep_reachable(self, repo: str, commit_id: str, me: AttemptIdentity) -> None:
         """Tag a head before a hard reset replaces it, so no commit becomes unreachable."""
         tag = f"perago-replaced-{commit_id[:16]}-r{me.retry_count}"
         try:
@@ -624,9 +612,7 @@ class Publisher:
 
     # -- Cancel ------------------------------------------------------------------------------
 
-    def cancel(
-        self, repository: str, staging_branch: str, log: structlog.stdlib.BoundLogger
-    ) -> None:
+    def cancel(self, repository: str, staging_branch: str) -> None:
         """Delete the staging branch; a failure is logged and never changes the result."""
         try:
             self._store.delete_branch(repository, staging_branch)

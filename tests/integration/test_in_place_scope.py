@@ -4,7 +4,6 @@ are played by uploads to the staging branch, which is what the S3 gateway does).
 from __future__ import annotations
 
 import pytest
-import structlog
 
 from perago.adapters.lakefs import LakeFSStore
 from perago.errors import WorkspaceError
@@ -13,7 +12,6 @@ from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.testing import StaticLedger
 
 pytestmark = pytest.mark.integration
-LOG = structlog.get_logger("test").bind()
 
 
 def _in_place(store: LakeFSStore, repo: str, prefix: str, paths: list[str]) -> str:
@@ -21,10 +19,10 @@ def _in_place(store: LakeFSStore, repo: str, prefix: str, paths: list[str]) -> s
     ledger = StaticLedger(TaskSnapshot("t0", "tt", "step", "wf", "IN_PROGRESS", 0, 1, "w", 60, {}))
     publisher = Publisher(store, ledger, worker_id="w")
     target = WorkspaceTarget(repo, "main", store.branch_head(repo, "main"))
-    staging = publisher.open_in_place(me, target, LOG)
+    staging = publisher.open_in_place(me, target)
     for path in paths:
         store.upload_bytes(repo, staging, path, b"x")
-    return publisher.publish_in_place(me, target, LOG, prefix=prefix)
+    return publisher.publish_in_place(me, target, prefix=prefix)
 
 
 @pytest.mark.parametrize(

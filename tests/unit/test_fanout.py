@@ -6,7 +6,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import structlog
 from pydantic import BaseModel
 
 from perago.adapters.conductor import TaskSnapshot
@@ -20,8 +19,6 @@ from perago.store import Commit
 from perago.task import WorkspaceSpec, task
 from perago.testing import MemoryStore, StaticLedger
 from perago.workspace import Diff
-
-LOG = structlog.get_logger("test").bind()
 
 
 @pytest.mark.parametrize(
@@ -187,7 +184,7 @@ def _race(tmp_path: Path, a: AttemptIdentity, b: AttemptIdentity) -> tuple[Memor
         target = WorkspaceTarget("r", "main", base)
         try:
             results[me.reference_name] = pub.publish(
-                me, target, me.scope or "", ws, Diff(added=("part.txt",)), LOG
+                me, target, me.scope or "", ws, Diff(added=("part.txt",))
             )
         except PublishFenceError as e:
             results[me.reference_name] = e
@@ -227,12 +224,12 @@ def test_a_serial_fan_out_publishes_beside_and_a_noop_completes_on_its_input_ref
         ws.mkdir()
         (ws / "part.txt").write_text(me.reference_name)
         pub = Publisher(store, StaticLedger(snap(me)), worker_id="w")
-        refs.append(pub.publish(me, target, me.scope or "", ws, Diff(added=("part.txt",)), LOG))
+        refs.append(pub.publish(me, target, me.scope or "", ws, Diff(added=("part.txt",))))
     head = store.get_commit("r", "main")
     assert refs[1] == head.id and head.parents[0] == refs[0]
     noop = ident("noop", "c/")
     pub = Publisher(store, StaticLedger(snap(noop)), worker_id="w")
-    assert pub.publish(noop, target, "c/", tmp_path, Diff(), LOG) == base
+    assert pub.publish(noop, target, "c/", tmp_path, Diff()) == base
     assert store.branch_head("r", "main") == head.id
     with pytest.raises(PublishFenceError, match=r"step 'right' .scope 'a/r/'.* overlapping"):
         wide = ident("wide", "a/")
@@ -240,7 +237,7 @@ def test_a_serial_fan_out_publishes_beside_and_a_noop_completes_on_its_input_ref
         ws.mkdir()
         (ws / "x.txt").write_text("x")
         Publisher(store, StaticLedger(snap(wide)), worker_id="w").publish(
-            wide, target, "a/", ws, Diff(added=("x.txt",)), LOG
+            wide, target, "a/", ws, Diff(added=("x.txt",))
         )
 
 
@@ -270,7 +267,7 @@ def _publish_part(
         (ws / name).write_text(body)
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w")
     target = WorkspaceTarget("r", "main", base)
-    return pub.publish(me, target, me.scope or "", ws, Diff(added=tuple(files)), LOG)
+    return pub.publish(me, target, me.scope or "", ws, Diff(added=tuple(files)))
 
 
 @pytest.mark.parametrize("noop", [False, True], ids=["changed", "noop"])

@@ -8,7 +8,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import structlog
 
 from perago import failpoints
 from perago.coord.branch_leases import BranchLeases
@@ -21,8 +20,6 @@ from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.scope import SCOPE_MARKER_ROOT
 from perago.testing import MemoryStore, StaticLedger
 from perago.workspace import Diff
-
-LOG = structlog.get_logger("test").bind()
 
 
 def ident(wf: str = "wf", task: str = "t0", retry: int = 0, ref: str = "step") -> AttemptIdentity:
@@ -60,7 +57,7 @@ def _workspace(tmp_path: Path, name: str, text: str) -> tuple[Path, Diff]:
 
 def _publish(store: MemoryStore, me: AttemptIdentity, ws: Path, diff: Diff, input_ref: str) -> str:
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w")
-    return pub.publish(me, WorkspaceTarget("r", "main", input_ref), "data/", ws, diff, LOG)
+    return pub.publish(me, WorkspaceTarget("r", "main", input_ref), "data/", ws, diff)
 
 
 def test_first_publication_is_a_merge_on_the_input_ref(store: MemoryStore, tmp_path: Path) -> None:
@@ -102,7 +99,7 @@ def test_a_stale_attempt_stages_nothing(store: MemoryStore, tmp_path: Path) -> N
     ws, diff = _workspace(tmp_path, "a", "x")
     pub = Publisher(store, StaticLedger(snap(me, "TIMED_OUT")), worker_id="w")
     with pytest.raises(AttemptFenceError):
-        pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff, LOG)
+        pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff)
     assert store.branch_head("r", "main") == base
     assert store.list_branches("r", prefix="perago-stg-") == []
 
@@ -186,7 +183,7 @@ def test_publications_carry_the_fencing_token_of_the_branch_lease(
     me = ident(task="t0")
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     ws, diff = _workspace(tmp_path, "a", "first")
-    merged = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff, LOG)
+    merged = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff)
     merge = store.get_commit("r", merged)
     staged = store.get_commit("r", merge.parents[1])
     first = int(merge.metadata["perago.fencing_token"])
@@ -195,7 +192,7 @@ def test_publications_carry_the_fencing_token_of_the_branch_lease(
     me2 = ident(task="t1", retry=1)
     pub2 = Publisher(store, StaticLedger(snap(me2)), worker_id="w", leases=leases)
     ws2, diff2 = _workspace(tmp_path, "b", "second")
-    out = pub2.publish(me2, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
+    out = pub2.publish(me2, WorkspaceTarget("r", "main", base), "data/", ws2, diff2)
     assert int(store.get_commit("r", out).metadata["perago.fencing_token"]) > first
     # Both released their lease: the next grant is free at once and higher still.
     grant = leases.acquire("r", "main", "someone-else")
@@ -212,7 +209,7 @@ def test_a_held_branch_lease_blocks_the_publication(store: MemoryStore, tmp_path
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     ws2, diff2 = _workspace(tmp_path, "b", "second")
     with pytest.raises(LeaseBusyError):
-        pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
+        pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2)
     assert store.branch_head("r", "main") == abandoned  # nothing was reset
     assert store.list_branches("r", prefix="perago-stg-") == []
 
@@ -250,7 +247,7 @@ def test_a_holder_whose_lease_was_taken_over_never_resets(
     monkeypatch.setattr(failpoints, "hit", _take_over_at("before_reset", leases, clock, taken))
     ws2, diff2 = _workspace(tmp_path, "b", "second")
     with pytest.raises(LeaseLostError):
-        sleeper.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2, LOG)
+        sleeper.publish(me, WorkspaceTarget("r", "main", base), "data/", ws2, diff2)
     assert taken and store.branch_head("r", "main") == abandoned
     assert taken[0] > int(store.get_commit("r", abandoned).metadata.get("perago.fencing_token", 0))
 
@@ -270,7 +267,7 @@ def test_a_holder_whose_lease_was_taken_over_never_merges(
     monkeypatch.setattr(failpoints, "hit", hit)
     ws, diff = _workspace(tmp_path, "a", "late")
     with pytest.raises(LeaseLostError):
-        sleeper.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff, LOG)
+        sleeper.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff)
     assert store.branch_head("r", "main") == base
 
 
@@ -286,14 +283,14 @@ def test_a_noop_waits_for_a_lease_an_earlier_attempt_holds(
     me = ident(task="t1", retry=1)
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     # Free lease, head on the input ref: completes at once and writes no lease record.
-    assert pub.publish(me, target, "data/", empty, Diff(), LOG) == base
+    assert pub.publish(me, target, "data/", empty, Diff()) == base
     assert leases.manager("r").records() == []
     # The first attempt holds the lease (between its fence #2 and its merge).
     held = leases.acquire("r", "main", "t0-p1")
     with pytest.raises(LeaseBusyError):
-        pub.publish(me, target, "data/", empty, Diff(), LOG)
+        pub.publish(me, target, "data/", empty, Diff())
     held.release()
-    assert pub.publish(me, target, "data/", empty, Diff(), LOG) == base
+    assert pub.publish(me, target, "data/", empty, Diff()) == base
 
 
 def test_materialize_skips_folder_markers_and_refuses_unsafe_names(tmp_path: Path) -> None:
@@ -343,19 +340,19 @@ def test_for_the_report_a_publication_and_a_no_op_keep_the_branch_lease(
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     ws, diff = _workspace(tmp_path, "a", "first")
     with pub.lease_for_report() as kept:
-        merged = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff, LOG)
+        merged = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff)
     assert kept.lease is not None and leases.held("r", "main")
     kept.lease.release()
     me2 = ident(wf="wf2", task="n0")
     noop = Publisher(store, StaticLedger(snap(me2)), worker_id="w", leases=leases)
     with noop.lease_for_report() as kept2:
-        out = noop.publish(me2, WorkspaceTarget("r", "main", merged), "data/", ws, Diff(), LOG)
+        out = noop.publish(me2, WorkspaceTarget("r", "main", merged), "data/", ws, Diff())
     assert out == merged and kept2.lease is not None and leases.held("r", "main")
     kept2.lease.release()
     stale = Publisher(store, StaticLedger(snap(me, "TIMED_OUT")), worker_id="w", leases=leases)
     with stale.lease_for_report() as kept3, pytest.raises(AttemptFenceError):
-        stale.publish(me, WorkspaceTarget("r", "main", merged), "data/", ws, diff, LOG)
+        stale.publish(me, WorkspaceTarget("r", "main", merged), "data/", ws, diff)
     assert kept3.lease is None and not leases.held("r", "main")
     # Outside lease_for_report nothing changes: released at once, the no-op shortcut stays.
-    noop.publish(me2, WorkspaceTarget("r", "main", merged), "data/", ws, Diff(), LOG)
+    noop.publish(me2, WorkspaceTarget("r", "main", merged), "data/", ws, Diff())
     assert not leases.held("r", "main")

@@ -518,6 +518,16 @@ def test_killed_at_a_step_boundary_the_retry_completes_once(
     assert not leases.held("repo", "main")
 
 
+def _replacement_frozen_before_its_reset(stub: StubOrchestrator, freezer: Freezer) -> str:
+    """The first attempt frozen after publishing and timed out; its retry, replacing that
+    publication, frozen under the branch lease just before the hard reset."""
+    wid = step(stub, retries=2)
+    stub.wait_for(lambda s: freezer.hits.count("after_publish") == 1)
+    stub.time_out(stub.attempts(wid)[0].task_id)
+    stub.wait_for(lambda s: freezer.hits.count("before_reset") == 1)
+    return wid
+
+
 def test_killed_before_the_reset_of_a_replacement_the_next_retry_completes_once(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -526,10 +536,7 @@ def test_killed_before_the_reset_of_a_replacement_the_next_retry_completes_once(
     leases = memory_leases(Clock())
     freezer = Freezer(monkeypatch).at("after_publish").at("before_reset")
     with running(stub, store, tmp_path, leases=leases, concurrency=3):
-        wid = step(stub, retries=2)
-        stub.wait_for(lambda s: freezer.hits.count("after_publish") == 1)
-        stub.time_out(stub.attempts(wid)[0].task_id)
-        stub.wait_for(lambda s: freezer.hits.count("before_reset") == 1)
+        wid = _replacement_frozen_before_its_reset(stub, freezer)
         stub.time_out(stub.attempts(wid)[1].task_id)
         outcome = settle(stub, wid)
     assert outcome.status == "COMPLETED" and stub.final(wid).retry_count == 2
@@ -544,10 +551,7 @@ def test_a_paused_lease_holder_loses_to_the_taker(
     leases = memory_leases(Clock())
     freezer = Freezer(monkeypatch).at("after_publish").at("before_reset")
     with running(stub, store, tmp_path, leases=leases, concurrency=3):
-        wid = step(stub, retries=2)
-        stub.wait_for(lambda s: freezer.hits.count("after_publish") == 1)
-        stub.time_out(stub.attempts(wid)[0].task_id)
-        stub.wait_for(lambda s: freezer.hits.count("before_reset") == 1)
+        wid = _replacement_frozen_before_its_reset(stub, freezer)
         sleeper = stub.attempts(wid)[1].task_id
         stub.time_out(sleeper)
         settle(stub, wid)
@@ -713,3 +717,45 @@ def test_the_runner_alone_maps_a_delivery_to_an_outcome(
     outcome = runner.run(writer, delivery)
     assert outcome.status == "FAILED" and "the body failed" in outcome.reason
     assert stub.updates == []  # the runner decides; the worker reports
+
+
+def test_every_event_of_an_attempt_carries_its_context(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    """The log context is bound once (structlog contextvars) and reaches the publisher's
+    events without a logger passed along."""
+    import structlog
+
+    capture = structlog.testing.LogCapture()
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
+    base = store.branch_head("repo", "main")
+    try:
+        with running(stub, store, tmp_path):
+            wid = step(stub)
+            settle(stub, wid)
+    finally:
+        structlog.reset_defaults()
+    task_id = stub.final(wid).task_id
+    steps = {
+        "pre_guardrails_passed",
+        "materialized",
+        "body_finished",
+        "diffed",
+        "attempt_fence_passed",
+        "staging_branch_created",
+        "staged",
+        "publish_fence_passed",
+        "published",
+        "staging_branch_deleted",
+        "attempt_finished",
+    }
+    events = [e for e in capture.entries if e["event"] in steps]
+    assert {e["event"] for e in events} == steps
+    for e in events:
+        assert (e["workflow_id"], e["task_id"], e["task_ref"], e["retry_count"]) == (
+            wid,
+            task_id,
+            "step",
+            0,
+        ), e
+        assert (e["repository"], e["branch"], e["input_ref"]) == ("repo", "main", base), e

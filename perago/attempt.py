@@ -1,0 +1,105 @@
+"""One object per running attempt: the delivery, who it is, where it writes, how far it got.
+
+Built once when the runner takes a polled task (temporal's ``_RunningActivity`` is the
+model). The publication identity, ``perago.info()`` and the log context all derive from it,
+so no step passes them along: the log context is bound once (structlog contextvars) and the
+current step is recorded here for the outcome's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import structlog
+from pydantic import BaseModel
+
+from perago.context import AttemptInfo
+from perago.orchestrator import TaskSnapshot
+from perago.publish.identity import AttemptIdentity, WorkspaceTarget
+from perago.task import TaskDefinition
+
+__all__ = ["RunningAttempt"]
+
+
+@dataclass
+class RunningAttempt:
+    """A delivery being run by this worker."""
+
+    defn: TaskDefinition[Any, Any]
+    task: TaskSnapshot
+    identity: AttemptIdentity
+    step: str = "start"
+    target: WorkspaceTarget | None = None
+    params: BaseModel | None = None
+
+    @classmethod
+    def start(
+        cls, defn: TaskDefinition[Any, Any], task: TaskSnapshot, *, cluster_id: str = ""
+    ) -> RunningAttempt:
+        identity = AttemptIdentity(
+            workflow_id=task.workflow_id,
+            reference_name=task.reference_name,
+            task_id=task.task_id,
+            retry_count=task.retry_count,
+            poll_count=task.poll_count,
+            task_type=task.task_type,
+            cluster_id=cluster_id,
+        )
+        return cls(defn, task, identity)
+
+    def resolved(self, target: WorkspaceTarget, params: BaseModel, scope: str) -> None:
+        """The pre-guardrails passed: the target, the params and the scope are known."""
+        self.target, self.params = target, params
+        self.identity = replace(self.identity, scope=scope)
+
+    @property
+    def prefix(self) -> str:
+        """The lakeFS prefix this attempt reads and writes (its rendered scope)."""
+        return self.identity.scope or self.defn.workspace.prefix
+
+    def info(self) -> AttemptInfo:
+        """What ``perago.info()`` returns to the body."""
+        me, target = self.identity, self.resolved_target()
+        return AttemptInfo(
+            workflow_id=me.workflow_id,
+            task_id=me.task_id,
+            task_type=me.task_type,
+            reference_name=me.reference_name,
+            retry_count=me.retry_count,
+            poll_count=me.poll_count,
+            repository=target.repository,
+            branch=target.branch,
+            input_ref=target.input_ref,
+        )
+
+    def log_context(self) -> dict[str, Any]:
+        me = self.identity
+        context: dict[str, Any] = {
+            "workflow_id": me.workflow_id,
+            "task_id": me.task_id,
+            "task_type": me.task_type,
+            "task_ref": me.reference_name,
+            "retry_count": me.retry_count,
+        }
+        if self.target is not None:
+            context.update(
+                repository=self.target.repository,
+                branch=self.target.branch,
+                input_ref=self.target.input_ref,
+                scope=me.scope,
+            )
+        return context
+
+    @contextmanager
+    def logging(self) -> Iterator[None]:
+        """Bind the log context for the ``with`` block (re-entered once the target is known)."""
+        with structlog.contextvars.bound_contextvars(**self.log_context()):
+            yield
+
+    def resolved_target(self) -> WorkspaceTarget:
+        if self.target is None:
+            raise RuntimeError("the attempt has no target before its pre-guardrails passed")
+        return self.target
