@@ -251,6 +251,7 @@ class AttemptRunner:
                 prefix,
                 attempt_dir.workspace,
                 parallelism=self._settings.transfer_parallelism,
+                cache=self.cache,
             )
             manifest.save(attempt_dir.manifest_path)
             log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
