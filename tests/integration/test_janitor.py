@@ -46,9 +46,10 @@ def test_orphan_staging_branch_removed_live_one_kept(
     # hidden from users' branch lists (lakeFS UI, lakectl), found by the janitor all the same
     assert orphan not in {b.id for b in store.branches.list_branches(repo).results}
 
-    # the retry pauses right after staging: its branch belongs to a live attempt
+    # the retry pauses right after staging (30 s: two janitor CLI runs must fit in the pause
+    # on a loaded 2-core machine): its branch belongs to a live attempt
     with worker(
-        {**quiet, "PERAGO_FAILPOINTS": "after_stage=pause:8"}, tmp_path / "live.log"
+        {**quiet, "PERAGO_FAILPOINTS": "after_stage=pause:30"}, tmp_path / "live.log"
     ) as live:
         live.wait_for("failpoint_hit", failpoint="after_stage", timeout=60)
         assert len(staging_branches(store, repo)) == 2
@@ -63,7 +64,7 @@ def test_orphan_staging_branch_removed_live_one_kept(
         done = perago_cli(janitor, env)
         assert done.returncode == 0, done.stderr
         assert staging_branches(store, repo) == [live_branch]
-        wf = wait_workflow(conductor, wid, timeout=60)
+        wf = wait_workflow(conductor, wid, timeout=120)
     assert wf["status"] == "COMPLETED"
     assert staging_branches(store, repo) == []
 
