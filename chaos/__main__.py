@@ -168,12 +168,10 @@ class Chaos:
                         with self.lock:
                             self.open.discard(wid)
                         continue
-                    self.conductor._call("PUT", f"/workflow/decide/{wid}", what="decide")
+                    self.conductor.decide(wid)
                     for t in wf.get("tasks", []):
                         if t.get("subWorkflowId") and t.get("status") == "IN_PROGRESS":
-                            self.conductor._call(
-                                "PUT", f"/workflow/decide/{t['subWorkflowId']}", what="decide"
-                            )
+                            self.conductor.decide(t["subWorkflowId"])
                 except PeragoError:
                     continue
             for run in runs:

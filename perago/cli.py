@@ -13,7 +13,7 @@ import structlog
 import typer
 
 from perago import config as config_module
-from perago.errors import PeragoError, WorkflowRunError
+from perago.errors import ConfigError, PeragoError, WorkflowRunError
 
 if TYPE_CHECKING:
     from perago.adapters.conductor import ConductorClient, WorkflowRun
@@ -256,6 +256,18 @@ def _wait_for_workflow(
 
 
 @app.command()
+def _parse_domains(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        task_name, sep, domain = pair.partition("=")
+        if not sep or not task_name or not domain:
+            raise ConfigError(
+                f"--domain {pair!r}: write TASK=DOMAIN, e.g. --domain orders_clean=blue"
+            )
+        out[task_name] = domain
+    return out
+
+
 def run(
     workflow: Annotated[str, typer.Argument(help="Registered workflow name.")],
     input_: Annotated[
@@ -266,6 +278,14 @@ def run(
     ] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.")] = 600.0,
     version: Annotated[int | None, typer.Option("--version", help="Workflow version.")] = None,
+    domain: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--domain",
+            help="TASK=DOMAIN: run TASK's steps on workers of that Conductor task domain "
+            "(repeatable; TASK may be * for all).",
+        ),
+    ] = None,
 ) -> None:
     """Start WORKFLOW; with --wait print its output JSON and exit 0 only if it COMPLETED
     (3 failed, 4 timed out by Conductor, 5 terminated, 6 --timeout ran out, 7 paused)."""
@@ -275,7 +295,12 @@ def run(
     try:
         settings = config_module.load()
         conductor = ConductorClient(settings)
-        workflow_id = conductor.start_workflow(workflow, _parse_input(input_), version=version)
+        workflow_id = conductor.start_workflow(
+            workflow,
+            _parse_input(input_),
+            version=version,
+            task_to_domain=_parse_domains(domain or []),
+        )
         if not wait:
             typer.echo(workflow_id)
             return

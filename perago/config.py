@@ -49,9 +49,34 @@ class Settings(BaseSettings):
     conductor_server_url: str = Field(
         default="http://127.0.0.1:18080/api",
         validation_alias=AliasChoices("CONDUCTOR_SERVER_URL", "PERAGO_CONDUCTOR_SERVER_URL"),
-        description="Conductor's API URL; `/api` is appended when missing. Conductor auth "
-        "(Orkes) is read by conductor-python itself from `CONDUCTOR_AUTH_KEY` and "
-        "`CONDUCTOR_AUTH_SECRET`.",
+        description="Conductor's API URL; `/api` is appended when missing.",
+    )
+    conductor_auth_key: str = Field(
+        default="",
+        validation_alias=AliasChoices("CONDUCTOR_AUTH_KEY", "PERAGO_CONDUCTOR_AUTH_KEY"),
+        description="Key id of an application with access to Conductor (Orkes, or any "
+        "server or gateway that takes conductor-python's `X-Authorization` token). With "
+        "`CONDUCTOR_AUTH_SECRET`, every call carries a token from `POST /api/token`, renewed "
+        "every 45 minutes and whenever the server says it expired. Unset: no auth header.",
+    )
+    conductor_auth_secret: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias=AliasChoices("CONDUCTOR_AUTH_SECRET", "PERAGO_CONDUCTOR_AUTH_SECRET"),
+        description="Secret of `CONDUCTOR_AUTH_KEY` (a credential: keep it in a Secret; never "
+        "logged).",
+    )
+    worker_domain: str = Field(
+        default="",
+        validation_alias=AliasChoices("CONDUCTOR_WORKER_DOMAIN", "PERAGO_WORKER_DOMAIN"),
+        description="Conductor task domain this worker polls for every task (a workflow "
+        "started with `taskToDomain` routes its tasks to workers of that domain). A task's "
+        "own domain (`PERAGO_TASK_DOMAINS`, then `@task(domain=...)`) wins. Unset: the "
+        "default domain.",
+    )
+    task_domains: dict[str, str] = Field(
+        default_factory=dict,
+        description='Task domain per task name as a JSON object, e.g. `{"orders_clean": '
+        '"team-a"}`; wins over `@task(domain=...)` and `CONDUCTOR_WORKER_DOMAIN`.',
     )
     lakefs_endpoint: str = Field(
         default="http://127.0.0.1:18000",
@@ -213,7 +238,7 @@ class Settings(BaseSettings):
             raise ValueError(f"must be one of none, {', '.join(KINDS)} (PERAGO_COORD_BACKEND)")
         return kind
 
-    @field_validator("spark_conf", "coord_options", mode="before")
+    @field_validator("spark_conf", "coord_options", "task_domains", mode="before")
     @classmethod
     def _json_object(cls, value: object) -> object:
         # PERAGO_SPARK_CONF='{"spark.executor.memory": "2g"}'
@@ -221,7 +246,7 @@ class Settings(BaseSettings):
             try:
                 return json.loads(value)
             except json.JSONDecodeError as e:
-                raise ValueError(f"must be a JSON object of Spark settings ({e})") from e
+                raise ValueError(f"must be a JSON object ({e})") from e
         return value
 
     @field_validator("conductor_server_url")

@@ -9,6 +9,7 @@ __all__ = [
     "BYTES",
     "CACHE",
     "CACHE_BYTES_SAVED",
+    "CONDUCTOR_SECONDS",
     "FENCE_REJECTIONS",
     "FILES",
     "IN_FLIGHT",
@@ -49,6 +50,13 @@ CACHE = Counter(
 )
 CACHE_BYTES_SAVED = Counter(
     "perago_cache_bytes_saved_total", "Bytes copied from the content cache instead of lakeFS."
+)
+CONDUCTOR_SECONDS = Histogram(
+    "perago_conductor_request_seconds",
+    "Conductor API calls by endpoint (poll, update_task, get_task, ...) and outcome "
+    "(ok, not_found, error).",
+    ["endpoint", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 IN_FLIGHT = Gauge("perago_attempts_in_flight", "Attempts running in this worker.")
 JANITOR_REMOVALS = Counter(

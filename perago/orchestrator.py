@@ -70,8 +70,11 @@ class Orchestrator(AttemptLedger, Protocol):
     updates silently); only a fresh :meth:`get_task` does.
     """
 
-    def poll(self, task_type: str, *, worker_id: str, count: int) -> list[TaskSnapshot]:
-        """Up to ``count`` deliveries of ``task_type``, now IN_PROGRESS for ``worker_id``."""
+    def poll(
+        self, task_type: str, *, worker_id: str, count: int, domain: str | None = None
+    ) -> list[TaskSnapshot]:
+        """Up to ``count`` deliveries of ``task_type`` (in task ``domain``, if given), now
+        IN_PROGRESS for ``worker_id``."""
         ...
 
     def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:

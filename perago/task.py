@@ -28,6 +28,7 @@ R = TypeVar("R", bound=BaseModel)
 #: Paths Perago keeps for itself on every target branch; no task prefix may reach them.
 RESERVED_PREFIXES = ("_perago/", "_lakefs_actions/")
 _TASK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,127}$")
+_DOMAIN = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 
 
 def normalize_prefix(prefix: str) -> str:
@@ -114,8 +115,15 @@ class TaskOptions:
     timeout: timedelta = timedelta(hours=2)
     response_timeout: timedelta = timedelta(minutes=2)
     description: str = ""
+    #: Conductor task domain the worker polls this task in ("": the worker's domain).
+    domain: str = ""
 
     def __post_init__(self) -> None:
+        if self.domain and not _DOMAIN.fullmatch(self.domain):
+            raise TaskDefinitionError(
+                f"domain {self.domain!r} is not a Conductor task domain: use letters, digits, "
+                "'-' and '_' only"
+            )
         if self.retry_count < 0:
             raise TaskDefinitionError("retry_count must be >= 0")
         if self.response_timeout < timedelta(seconds=1):
@@ -228,11 +236,13 @@ def task(
     timeout: timedelta = timedelta(hours=2),
     response_timeout: timedelta = timedelta(minutes=2),
     description: str = "",
+    domain: str = "",
 ) -> _Decorator:
     """Declare a Perago task; ``name`` is the Conductor task type.
 
     ``response_timeout`` is how long Conductor waits without hearing from the worker before
-    it retries the task elsewhere; the worker extends it while the body runs.
+    it retries the task elsewhere; the worker extends it while the body runs. ``domain`` is
+    the Conductor task domain its worker polls (``PERAGO_TASK_DOMAINS`` overrides it).
     """
     if not isinstance(name, str) or not _TASK_NAME.match(name):
         raise TaskDefinitionError(
@@ -247,5 +257,6 @@ def task(
         timeout=timeout,
         response_timeout=response_timeout,
         description=description,
+        domain=domain,
     )
     return _Decorator(name, workspace, options)

@@ -399,6 +399,7 @@ class StubOrchestrator:
         self.racy_updates = racy_updates
         self.updates: list[Update] = []
         self.gets: list[str] = []
+        self.polled_domains: set[tuple[str, str | None]] = set()
         self._tasks: dict[str, _Task] = {}
         self._queues: dict[str, deque[str]] = {}
         self._faults: list[_Fault] = []
@@ -591,7 +592,12 @@ class StubOrchestrator:
 
     # -- Orchestrator ----------------------------------------------------------------------
 
-    def poll(self, task_type: str, *, worker_id: str, count: int) -> list[TaskSnapshot]:
+    def poll(
+        self, task_type: str, *, worker_id: str, count: int, domain: str | None = None
+    ) -> list[TaskSnapshot]:
+        # Task domains are Conductor's routing; the stub has one queue per task type and
+        # records the domains it was polled in (``polled_domains``).
+        self.polled_domains.add((task_type, domain))
         fault, _ = self._enter("poll", None)
         if fault is not None and not fault.applied:
             self._raise("poll", None, fault)

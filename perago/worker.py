@@ -45,6 +45,17 @@ class _InFlight:
     started: float = field(default_factory=time.monotonic)
 
 
+def task_domain(defn: TaskDefinition[Any, Any], settings: Settings) -> str | None:
+    """The Conductor task domain to poll ``defn`` in: ``PERAGO_TASK_DOMAINS``, then the
+    task's own ``domain``, then the worker's ``CONDUCTOR_WORKER_DOMAIN``; None: no domain."""
+    return (
+        settings.task_domains.get(defn.name)
+        or defn.options.domain
+        or settings.worker_domain
+        or None
+    )
+
+
 class Worker:
     """Runs the given tasks until SIGTERM/SIGINT (or :meth:`stop`)."""
 
@@ -66,6 +77,7 @@ class Worker:
         if duplicates:
             raise ConfigError(f"task names must be unique in one worker, repeated: {duplicates}")
         self._tasks = {t.name: t for t in tasks}
+        self._domains = {t.name: task_domain(t, settings) for t in tasks}
         self._settings = settings
         self._orchestrator = orchestrator
         self._spark = spark
@@ -110,6 +122,7 @@ class Worker:
             "worker_started",
             worker_id=self._settings.worker_id,
             tasks=sorted(self._tasks),
+            domains={n: d for n, d in sorted(self._domains.items()) if d},
             concurrency=self._settings.concurrency,
         )
         http = self._start_http()
@@ -188,7 +201,10 @@ class Worker:
                     break
                 try:
                     polled = self._orchestrator.poll(
-                        name, worker_id=self._settings.worker_id, count=free
+                        name,
+                        worker_id=self._settings.worker_id,
+                        count=free,
+                        domain=self._domains[name],
                     )
                     failures = 0
                 except PeragoError as e:

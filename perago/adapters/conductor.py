@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+import structlog
 from conductor.client.configuration.configuration import Configuration
+from conductor.client.configuration.settings.authentication_settings import (
+    AuthenticationSettings,
+)
 from conductor.client.http.api_client import ApiClient
-from conductor.client.http.rest import ApiException
+from conductor.client.http.rest import ApiException, AuthorizationException
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
+from perago import metrics
 from perago.config import Settings
-from perago.errors import OrchestratorError
+from perago.errors import ConfigError, OrchestratorError
 from perago.lineage import ParentStep
 from perago.orchestrator import Outcome, TaskSnapshot
 from perago.task import TaskDefinition
@@ -39,6 +45,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = structlog.get_logger("perago.conductor")
 _JSON = {"Content-Type": "application/json", "Accept": "application/json"}
 
 
@@ -217,8 +224,34 @@ class ConductorClient:
     def __init__(self, settings: Settings) -> None:
         self._url = settings.conductor_server_url
         self._timeout = settings.http_timeout.total_seconds()
-        self._client = ApiClient(Configuration(server_api_url=self._url))
+        auth = None
+        if settings.conductor_auth_key:
+            secret = settings.conductor_auth_secret.get_secret_value()
+            if not secret:
+                raise ConfigError(
+                    "CONDUCTOR_AUTH_KEY is set but CONDUCTOR_AUTH_SECRET is not: set both "
+                    "(the application's key id and secret) or neither"
+                )
+            auth = AuthenticationSettings(key_id=settings.conductor_auth_key, key_secret=secret)
+        self._authenticated = auth is not None
+        # The SDK's client mints the token (`POST /token`) and renews it after its TTL;
+        # an expired or invalid token answered by the server is renewed in `_call`.
+        self._client = ApiClient(
+            Configuration(server_api_url=self._url, authentication_settings=auth)
+        )
+        if auth is not None and self._client.configuration.authentication_settings is None:
+            # The SDK's rule: a server without `/token` (Conductor OSS) runs open.
+            log.warning("conductor_auth_not_offered", server=self._url)
+            self._authenticated = False
         self._parents: dict[str, ParentStep | None] = {}
+
+    def _headers(self) -> dict[str, str]:
+        headers = dict(_JSON)
+        if self._authenticated:
+            auth = self._client.get_authentication_headers()  # renews after the token's TTL
+            if auth:
+                headers.update(auth["header"])
+        return headers
 
     def _call(
         self,
@@ -228,27 +261,72 @@ class ConductorClient:
         query: list[tuple[str, Any]] | None = None,
         body: Any = None,
         timeout: float | None = None,
+        endpoint: str,
         what: str,
     ) -> Any:
+        """One request; ``endpoint`` (a fixed name, never an id) labels its latency metric."""
+        started = time.monotonic()
+        outcome = "error"
         try:
-            resp = self._client.rest_client.request(
-                method,
-                self._url + path,
-                query_params=query,
-                headers=dict(_JSON),
-                body=body,
-                _request_timeout=timeout or self._timeout,
+            result = self._request(method, path, query, body, timeout, what)
+            outcome = "ok"
+            return result
+        except OrchestratorError as e:
+            outcome = "not_found" if e.status == 404 else "error"
+            raise
+        finally:
+            metrics.CONDUCTOR_SECONDS.labels(endpoint=endpoint, outcome=outcome).observe(
+                time.monotonic() - started
             )
-        except ApiException as e:
-            body_text = str(e.body)[:300] if e.body else ""
-            raise OrchestratorError(
-                f"Conductor {what} failed with HTTP {e.status}: {body_text or e.reason}",
-                status=e.status,
-            ) from e
-        except (httpx.HTTPError, OSError) as e:
-            raise OrchestratorError(
-                f"Conductor {what} failed: cannot reach {self._url} ({e}); is Conductor running?"
-            ) from e
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, Any]] | None,
+        body: Any,
+        timeout: float | None,
+        what: str,
+    ) -> Any:
+        for renewed in (False, True):
+            try:
+                resp = self._client.rest_client.request(
+                    method,
+                    self._url + path,
+                    query_params=query,
+                    headers=self._headers(),
+                    body=body,
+                    _request_timeout=timeout or self._timeout,
+                )
+                break
+            except AuthorizationException as e:
+                stale = e.token_expired or e.invalid_token
+                if self._authenticated and stale and not renewed:
+                    log.info("conductor_token_renewing", reason=e.error_code)
+                    if self._client.force_refresh_auth_token():
+                        continue
+                raise OrchestratorError(
+                    f"Conductor refused {what} (HTTP {e.status} {e.error_code or e.reason}): "
+                    + (
+                        "check CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET and the "
+                        "application's permissions"
+                        if self._authenticated
+                        else "the server wants a token: set CONDUCTOR_AUTH_KEY and "
+                        "CONDUCTOR_AUTH_SECRET"
+                    ),
+                    status=e.status,
+                ) from e
+            except ApiException as e:
+                body_text = str(e.body)[:300] if e.body else ""
+                raise OrchestratorError(
+                    f"Conductor {what} failed with HTTP {e.status}: {body_text or e.reason}",
+                    status=e.status,
+                ) from e
+            except (httpx.HTTPError, OSError) as e:
+                raise OrchestratorError(
+                    f"Conductor {what} failed: cannot reach {self._url} ({e}); "
+                    "is Conductor running?"
+                ) from e
         data = resp.data
         if resp.status == 204 or not data:
             return None
@@ -260,12 +338,22 @@ class ConductorClient:
 
     # -- worker side (perago.orchestrator.Orchestrator) ------------------------------------
 
-    def poll(self, task_type: str, *, worker_id: str, count: int) -> list[TaskSnapshot]:
+    def poll(
+        self, task_type: str, *, worker_id: str, count: int, domain: str | None = None
+    ) -> list[TaskSnapshot]:
         timeout_ms = 100
+        query: list[tuple[str, Any]] = [
+            ("workerid", worker_id),
+            ("count", count),
+            ("timeout", timeout_ms),
+        ]
+        if domain:
+            query.append(("domain", domain))
         result = self._call(
             "GET",
             f"/tasks/poll/batch/{task_type}",
-            query=[("workerid", worker_id), ("count", count), ("timeout", timeout_ms)],
+            query=query,
+            endpoint="poll",
             timeout=self._timeout + timeout_ms / 1000,
             what=f"poll {task_type}",
         )
@@ -274,7 +362,9 @@ class ConductorClient:
     @_retry
     def get_task(self, task_id: str) -> TaskSnapshot | None:
         try:
-            t = self._call("GET", f"/tasks/{task_id}", what=f"get task {task_id}")
+            t = self._call(
+                "GET", f"/tasks/{task_id}", endpoint="get_task", what=f"get task {task_id}"
+            )
         except OrchestratorError as e:
             if e.status == 404:
                 return None
@@ -294,7 +384,14 @@ class ConductorClient:
         if timeout is None:
             self._update(body)
             return
-        self._call("POST", "/tasks", body=body, timeout=timeout, what=f"update task {task.task_id}")
+        self._call(
+            "POST",
+            "/tasks",
+            body=body,
+            timeout=timeout,
+            endpoint="update_task",
+            what=f"update task {task.task_id}",
+        )
 
     def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
         """Conductor's ``extendLease`` update: resets the task's response timeout."""
@@ -311,13 +408,25 @@ class ConductorClient:
     @_retry
     def _update(self, body: dict[str, Any]) -> None:
         """Update a task (v1 endpoint: it never hands back another task)."""
-        self._call("POST", "/tasks", body=body, what=f"update task {body.get('taskId')}")
+        self._call(
+            "POST",
+            "/tasks",
+            body=body,
+            endpoint="update_task",
+            what=f"update task {body.get('taskId')}",
+        )
 
     # -- definitions ---------------------------------------------------------------------
 
     @_retry
     def register_task_defs(self, defs: list[dict[str, Any]]) -> None:
-        self._call("POST", "/metadata/taskdefs", body=defs, what="register task definitions")
+        self._call(
+            "POST",
+            "/metadata/taskdefs",
+            body=defs,
+            endpoint="register_task_defs",
+            what="register task definitions",
+        )
 
     def register_tasks(self, tasks: Sequence[TaskDefinition[Any, Any]]) -> None:
         """Upsert the task definitions of Perago tasks."""
@@ -326,7 +435,12 @@ class ConductorClient:
     @_retry
     def task_def_exists(self, name: str) -> bool:
         try:
-            found = self._call("GET", f"/metadata/taskdefs/{name}", what=f"get task def {name}")
+            found = self._call(
+                "GET",
+                f"/metadata/taskdefs/{name}",
+                endpoint="get_task_def",
+                what=f"get task def {name}",
+            )
         except OrchestratorError as e:
             if e.status == 404:
                 return False
@@ -335,20 +449,35 @@ class ConductorClient:
 
     @_retry
     def put_workflow_defs(self, defs: list[dict[str, Any]]) -> None:
-        self._call("PUT", "/metadata/workflow", body=defs, what="register workflow definitions")
+        self._call(
+            "PUT",
+            "/metadata/workflow",
+            body=defs,
+            endpoint="put_workflow_defs",
+            what="register workflow definitions",
+        )
 
     # -- workflows -----------------------------------------------------------------------
 
     def start_workflow(
-        self, name: str, workflow_input: dict[str, Any], *, version: int | None = None
+        self,
+        name: str,
+        workflow_input: dict[str, Any],
+        *,
+        version: int | None = None,
+        task_to_domain: dict[str, str] | None = None,
     ) -> str:
+        """Start a workflow; ``task_to_domain`` routes its tasks to workers of a domain."""
         body: dict[str, Any] = {"name": name, "input": workflow_input}
         if version is not None:
             body["version"] = version
-        result = self._call("POST", "/workflow", body=body, what=f"start workflow {name}")
+        if task_to_domain:
+            body["taskToDomain"] = dict(task_to_domain)
+        result = self._call(
+            "POST", "/workflow", body=body, endpoint="start_workflow", what=f"start workflow {name}"
+        )
         return str(result)
 
-    @_retry
     @_retry
     def parent_step(self, workflow_id: str) -> ParentStep | None:
         """The SUB_WORKFLOW task that started ``workflow_id`` (``None``: top level); cached,
@@ -359,7 +488,9 @@ class ConductorClient:
         parent_wf, parent_task = wf.get("parentWorkflowId"), wf.get("parentWorkflowTaskId")
         found = None
         if parent_wf and parent_task:
-            t = self._call("GET", f"/tasks/{parent_task}", what=f"get task {parent_task}")
+            t = self._call(
+                "GET", f"/tasks/{parent_task}", endpoint="get_task", what=f"get task {parent_task}"
+            )
             found = ParentStep(
                 str(parent_wf), str(t["referenceTaskName"]), int(t.get("retryCount") or 0)
             )
@@ -373,6 +504,7 @@ class ConductorClient:
             "GET",
             f"/workflow/{workflow_id}",
             query=[("includeTasks", str(include_tasks).lower())],
+            endpoint="get_workflow",
             what=f"get workflow {workflow_id}",
         )
         return dict(result or {})
@@ -380,11 +512,18 @@ class ConductorClient:
     def workflow_run(self, workflow_id: str) -> WorkflowRun:
         return WorkflowRun.from_json(self.get_workflow(workflow_id))
 
+    def decide(self, workflow_id: str) -> None:
+        """Ask Conductor to evaluate the workflow now (its sweeper would, later)."""
+        self._call(
+            "PUT", f"/workflow/decide/{workflow_id}", endpoint="decide", what="decide workflow"
+        )
+
     def terminate_workflow(self, workflow_id: str, reason: str) -> None:
         self._call(
             "DELETE",
             f"/workflow/{workflow_id}",
             query=[("reason", reason)],
+            endpoint="terminate_workflow",
             what=f"terminate workflow {workflow_id}",
         )
 

@@ -116,7 +116,7 @@ def wait_workflow(
 
 def decide_now(conductor: ConductorClient, workflow_id: str) -> None:
     """Ask Conductor to decide the workflow now (see :func:`wait_workflow`)."""
-    conductor._call("PUT", f"/workflow/decide/{workflow_id}", what="decide")
+    conductor.decide(workflow_id)
 
 
 def attempts(wf: dict[str, Any], ref: str) -> list[dict[str, Any]]:
