@@ -255,7 +255,6 @@ def _wait_for_workflow(
             time.sleep(0.5)
 
 
-@app.command()
 def _parse_domains(pairs: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for pair in pairs:
@@ -268,6 +267,7 @@ def _parse_domains(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+@app.command()
 def run(
     workflow: Annotated[str, typer.Argument(help="Registered workflow name.")],
     input_: Annotated[
@@ -320,6 +320,95 @@ def run(
         raise typer.Exit(_EXIT_BY_STATUS.get(wf.status, EXIT_FAILED))
     typer.secho(f"workflow {workflow} ({workflow_id}) COMPLETED", err=True)
     typer.echo(json.dumps(wf.output, indent=2))
+
+
+def _split_target(target: str) -> tuple[str, str | None]:
+    repository, _, branch = target.removeprefix("lakefs://").partition("/")
+    if not repository:
+        raise ConfigError(f"{target!r}: name a repository, e.g. `perago log demo/main`")
+    return repository, branch or None
+
+
+@app.command("log")
+def log_(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="REPOSITORY or REPOSITORY/BRANCH (lakefs:// optional); default branch main."
+        ),
+    ],
+    amount: Annotated[
+        int, typer.Option("--amount", "-n", min=1, help="How many commits to look back.")
+    ] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array, for scripts.")] = False,
+) -> None:
+    """Perago's publications on a branch: workflow, step, attempt, scope, fencing token, and
+    links to the commit in the lakeFS UI and the workflow in Conductor's API."""
+    from perago.adapters.lakefs import LakeFSStore
+    from perago.history import branch_publications
+
+    configure_logging()
+    try:
+        repository, branch = _split_target(target)
+        settings = config_module.load()
+        settings.require_lakefs_credentials()
+        store = LakeFSStore(settings)
+        try:
+            records = branch_publications(
+                store,
+                repository,
+                branch or "main",
+                amount=amount,
+                lakefs_ui=settings.lakefs_endpoint,
+                conductor_api=settings.conductor_server_url,
+            )
+        finally:
+            store.close()
+    except PeragoError as e:
+        raise _fail(e) from e
+    if as_json:
+        typer.echo(json.dumps([r.as_json() for r in records], indent=2))
+        return
+    if not records:
+        typer.echo(
+            f"no Perago publication in the last {amount} commits of {repository}/{branch or 'main'}"
+        )
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{repository}/{branch or 'main'}: Perago publications, newest first")
+    for column in (
+        "commit",
+        "when (UTC)",
+        "kind",
+        "workflow",
+        "step",
+        "attempt",
+        "scope",
+        "token",
+        "lakeFS UI",
+        "Conductor API",
+    ):
+        table.add_column(column, overflow="fold", no_wrap=column in ("commit", "workflow"))
+    for r in records:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created)) if r.created else ""
+        table.add_row(
+            r.commit[:12],
+            when,
+            r.kind,
+            r.workflow_id,
+            r.step,
+            f"retry {r.retry_count}, poll {r.poll_count}",
+            r.scope or "",
+            r.fencing_token or "",
+            r.lakefs_url,
+            r.conductor_url,
+        )
+    console = Console()
+    if not console.is_terminal:  # a pipe or a CI log: one line per publication
+        console = Console(width=500)
+    console.print(table)
 
 
 @app.command()

@@ -19,6 +19,8 @@ class Commit:
     parents: tuple[str, ...] = ()
     message: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    #: Unix seconds (0: unknown); informational, never compared by the protocol.
+    created: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class MemoryStore:
         metadata: dict[str, str],
     ) -> Commit:
         cid = hashlib.sha256(f"{next(self._ids)}".encode()).hexdigest()
-        commit = Commit(cid, parents, message, dict(metadata))
+        commit = Commit(cid, parents, message, dict(metadata), created=int(time.time()))
         repo.commits[cid] = (commit, dict(tree))
         return commit
 

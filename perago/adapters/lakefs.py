@@ -74,6 +74,7 @@ def _commit(c: Any) -> Commit:
         parents=tuple(c.parents or ()),
         message=c.message or "",
         metadata=dict(c.metadata or {}),
+        created=int(getattr(c, "creation_date", 0) or 0),
     )
 
 

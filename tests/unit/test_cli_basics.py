@@ -78,3 +78,15 @@ def test_an_unknown_log_level_is_a_usage_error() -> None:
     out = _perago("janitor", "--dry-run", env={**os.environ, "PERAGO_LOG_LEVEL": "loud"})
     assert out.returncode == 2
     assert "PERAGO_LOG_LEVEL" in out.stderr
+
+
+def test_every_command_is_mounted() -> None:
+    """A helper placed between a decorator and its command once unmounted `perago run`."""
+    from perago.cli import app
+
+    names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+    assert {"register", "worker", "run", "log", "janitor"} <= names
+    assert not {n for n in names if n.startswith("_")}
+    for command in ("run", "log"):
+        shown = _perago(command, "--help")
+        assert shown.returncode == 0, shown.stderr
