@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Pythons >= 3.11. `make install` (and so CI) installs through it; `make lock` refreshes it.
 LOCK := requirements/constraints.txt
 
-.PHONY: install stack-build demo test lint typecheck unit integration bench soak model-check chaos down lock
+.PHONY: install stack-build browser demo test lint typecheck unit integration bench soak model-check chaos down lock
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -n "$(PY)" || { echo "Python >= 3.11 is required (none of python3, python3.13, python3.12, python3.11 is); set PY=/path/to/python"; exit 1; }
@@ -27,8 +27,19 @@ lock: $(STAMP)
 	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --python-version 3.11 \
 		--no-emit-package perago-runtime --custom-compile-command "make lock" -o $(LOCK)
 
-## install: virtualenv + dependencies + stack binaries (idempotent)
-install: $(STAMP) stack-build
+## install: virtualenv + dependencies + stack binaries + a browser for the UI test (idempotent)
+install: $(STAMP) stack-build browser
+
+# Debian's Chromium, for the test that looks at lakeFS's web UI (installed when root on Debian).
+browser:
+	@command -v chromium >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium (for tests/integration/test_webui.py)"; \
+		apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; }; \
+	else \
+		echo "Chromium is missing: install it (Debian: sudo apt-get install chromium); the lakeFS UI test needs it"; \
+	fi
 
 stack-build: $(STAMP)
 	$(BIN)/perago dev build

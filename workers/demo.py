@@ -64,6 +64,8 @@ def main() -> int:
         upload_all(store, repo, "main", "orders/", Path(tmp), files, parallelism=4)
         seed = store.commit(repo, "main", message="load raw orders", metadata={"source": "demo"})
     phase("load", t0)
+    # The README's "Using it" commands pick the repository up from here.
+    (info.stack_dir / "demo-repository").write_text(repo + "\n")
     console.print(
         f"loaded {generated.rows} raw orders ({generated.bad_rows} bad) into {repo}@{seed.id[:12]}"
     )

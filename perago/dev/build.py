@@ -207,13 +207,15 @@ _GO_BINARIES: dict[str, tuple[str, Callable[[Path], tuple[str, str]]]] = {
 }
 
 
-def _build_go_binary(paths: StackPaths, name: str, *, progress: bool) -> Path:
+def _build_go_binary(paths: StackPaths, name: str, *, progress: bool, webui: bool = False) -> Path:
+    """Build ``name`` from its wrapper module; ``webui`` (lakefs only) embeds lakeFS's web
+    UI built with npm (:mod:`perago.dev.webui`)."""
     package, ldflags = _GO_BINARIES[name]
     module = paths.deploy / name
     binary = paths.bin / name
     stamp_file = paths.bin / f".{name}.stamp"
     pins = [module / f for f in ("go.mod", "go.sum", "main.go") if (module / f).is_file()]
-    stamp = _stamp(*pins)
+    stamp = _stamp(*pins) + (":webui" if webui else "")
     if _fresh(binary, stamp_file, stamp):
         return binary
     how = {"helm": "perago dev build --helm", "toxiproxy": "make chaos"}.get(name, "make install")
@@ -228,6 +230,12 @@ def _build_go_binary(paths: StackPaths, name: str, *, progress: bool) -> Path:
     # Built beside the target and renamed: a running lakefs keeps its (old) file.
     partial = paths.bin / f".{name}.partial"
     cmd = [go, "build", "-o", str(partial), "-ldflags", flags, package]
+    if webui:
+        from perago.dev.webui import prepared_modfile
+
+        with step(f"building lakeFS's web UI {version} (npm)", progress=progress):
+            modfile = prepared_modfile(paths, module, version, go=go, env=env, run=_run)
+        cmd.insert(2, f"-modfile={modfile}")
     with step(f"building {name} {version} (Go module proxy)", progress=progress):
         _run(cmd, cwd=module, env=env, log=paths.logs / f"build-{name}.log")
     os.replace(partial, binary)
@@ -354,14 +362,15 @@ def find_java(
 # -- all of it ----------------------------------------------------------------------------------
 
 
-def build(*, progress: bool = False, helm: bool = False) -> None:
+def build(*, progress: bool = False, helm: bool = False, webui: bool = True) -> None:
     """Make every stack binary present and current; idempotent and cheap when nothing changed.
 
-    ``helm`` also builds Helm (not part of the stack; the chart tests build it on demand).
+    ``helm`` also builds Helm (not part of the stack; the chart tests build it on demand);
+    ``webui`` embeds lakeFS's web UI in the lakefs binary (needs npm).
     """
     paths = stack_paths()
     paths.make()
-    _build_go_binary(paths, "lakefs", progress=progress)
+    _build_go_binary(paths, "lakefs", progress=progress, webui=webui)
     _build_go_binary(paths, "lakectl", progress=progress)
     _fetch_conductor(paths, progress=progress)
     find_java()

@@ -37,12 +37,19 @@ def build_cmd(
         bool,
         typer.Option("--helm", help="Also build Helm (for the worker chart's tests)."),
     ] = False,
+    webui: Annotated[
+        bool,
+        typer.Option(
+            "--webui/--no-webui",
+            help="Embed lakeFS's web UI, built with npm from the pinned module's lockfile.",
+        ),
+    ] = True,
 ) -> None:
     """Build lakeFS/lakectl and fetch Conductor if their pins changed (idempotent)."""
     from perago.dev.build import build
     from perago.dev.paths import stack_paths
 
-    _run(lambda: build(progress=True, helm=helm))
+    _run(lambda: build(progress=True, helm=helm, webui=webui))
     typer.echo(f"stack binaries are ready in {_run(stack_paths).stack}", err=True)
 
 
