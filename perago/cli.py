@@ -149,7 +149,7 @@ def register(
     ] = None,
 ) -> None:
     """Register every @task in MODULES, then every workflow JSON in --workflows (idempotent)."""
-    from perago.adapters.conductor import ConductorClient
+    from perago import wiring
     from perago.registry import discover, load_workflows
     from perago.registry import register as do_register
 
@@ -158,7 +158,7 @@ def register(
         settings = config_module.load()
         tasks = discover(modules)
         wfs = load_workflows(workflows) if workflows else []
-        do_register(ConductorClient(settings), tasks, wfs)
+        do_register(wiring.conductor_client(settings), tasks, wfs)
     except PeragoError as e:
         raise _fail(e) from e
     typer.echo(
@@ -179,12 +179,8 @@ def worker(
     ] = None,
 ) -> None:
     """Run a worker for every @task in MODULES until SIGTERM (drains gracefully)."""
-    from perago.adapters.conductor import ConductorClient
-    from perago.adapters.lakefs import LakeFSStore
-    from perago.coord.factory import branch_leases
+    from perago import wiring
     from perago.registry import discover
-    from perago.spark import SparkSessions
-    from perago.worker import Worker
 
     configure_logging()
     try:
@@ -193,26 +189,14 @@ def worker(
             overrides["concurrency"] = concurrency
         settings = config_module.load(**overrides)
         tasks = discover(modules)
-        spark = (
-            SparkSessions(settings, s3a=any(t.workspace.in_place for t in tasks))
-            if any(t.wants_spark for t in tasks)
-            else None
-        )
-        store = LakeFSStore(settings)
-        w = Worker(
-            tasks,
-            settings=settings,
-            store=store,
-            leases=branch_leases(settings, store),
-            orchestrator=ConductorClient(settings),
-            spark=spark,
-            http_port=http_port,
-        )
-        try:
-            w.run()
-        finally:
-            if spark is not None:
-                spark.stop()
+        spark = wiring.spark_sessions(settings, tasks)
+        with wiring.services(settings) as parts:
+            w = wiring.worker(settings, tasks, parts, spark=spark, http_port=http_port)
+            try:
+                w.run()
+            finally:
+                if spark is not None:
+                    spark.stop()
     except PeragoError as e:
         raise _fail(e) from e
 
@@ -289,12 +273,12 @@ def run(
 ) -> None:
     """Start WORKFLOW; with --wait print its output JSON and exit 0 only if it COMPLETED
     (3 failed, 4 timed out by Conductor, 5 terminated, 6 --timeout ran out, 7 paused)."""
-    from perago.adapters.conductor import ConductorClient
+    from perago import wiring
 
     configure_logging()
     try:
         settings = config_module.load()
-        conductor = ConductorClient(settings)
+        conductor = wiring.conductor_client(settings)
         workflow_id = conductor.start_workflow(
             workflow,
             _parse_input(input_),
@@ -344,7 +328,7 @@ def log_(
 ) -> None:
     """Perago's publications on a branch: workflow, step, attempt, scope, fencing token, and
     links to the commit in the lakeFS UI and the workflow in Conductor's API."""
-    from perago.adapters.lakefs import LakeFSStore
+    from perago import wiring
     from perago.history import branch_publications
 
     configure_logging()
@@ -352,7 +336,7 @@ def log_(
         repository, branch = _split_target(target)
         settings = config_module.load()
         settings.require_lakefs_credentials()
-        store = LakeFSStore(settings)
+        store = wiring.lakefs_store(settings)
         try:
             records = branch_publications(
                 store,
@@ -439,32 +423,31 @@ def janitor(
 ) -> None:
     """Remove staging branches of attempts that are over or unknown to Conductor, and expired
     branch leases."""
-    from perago.adapters.conductor import ConductorClient
-    from perago.adapters.lakefs import LakeFSStore
-    from perago.coord.factory import branch_leases
+    from perago import wiring
     from perago.janitor import parse_duration, sweep, sweep_leases, takeover_watch
 
     configure_logging()
     try:
         settings = config_module.load()
-        store = LakeFSStore(settings)
-        repositories = repository or store.list_repositories()
-        report = sweep(
-            store,
-            ConductorClient(settings),
-            repositories=repositories,
-            dry_run=dry_run,
-            older_than=parse_duration(older_than),
-            cluster_id=settings.cluster_id,
-            branch_pattern=branch_pattern,
-        )
-        leases = branch_leases(settings, store)
-        watch = parse_duration(lease_watch) if lease_watch is not None else takeover_watch(settings)
-        lease_report = (
-            sweep_leases(leases, repositories=repositories, dry_run=dry_run, watch=watch)
-            if leases is not None
-            else None
-        )
+        with wiring.services(settings) as parts:
+            repositories = repository or parts.store.list_repositories()
+            report = sweep(
+                parts.store,
+                parts.conductor,
+                repositories=repositories,
+                dry_run=dry_run,
+                older_than=parse_duration(older_than),
+                cluster_id=settings.cluster_id,
+                branch_pattern=branch_pattern,
+            )
+            watch = (
+                parse_duration(lease_watch) if lease_watch is not None else takeover_watch(settings)
+            )
+            lease_report = (
+                sweep_leases(parts.leases, repositories=repositories, dry_run=dry_run, watch=watch)
+                if parts.leases is not None
+                else None
+            )
     except PeragoError as e:
         raise _fail(e) from e
     verb = "would remove" if dry_run else "removed"
@@ -493,12 +476,12 @@ def repo_init(
     ] = False,
 ) -> None:
     """Install the expected-head pre-merge hook on BRANCH (idempotent)."""
-    from perago.adapters.lakefs import LakeFSStore
+    from perago import wiring
     from perago.publish.expected_head_hook import install
 
     configure_logging()
     try:
-        store = LakeFSStore(config_module.load())
+        store = wiring.lakefs_store(config_module.load())
         if create and not store.repository_exists(repository):
             store.create_repository(repository, default_branch=branch)
         commit = install(store, repository, branch)

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     from perago.coord.branch_leases import HeldLease
 
-__all__ = ["IN_PROGRESS", "AttemptLedger", "Orchestrator", "Outcome", "Status", "TaskSnapshot"]
+__all__ = [
+    "IN_PROGRESS",
+    "AttemptLedger",
+    "Orchestrator",
+    "Outcome",
+    "Status",
+    "TaskSnapshot",
+    "WorkflowStep",
+]
 
 #: The only state in which an attempt may still publish (attempt fence).
 IN_PROGRESS = "IN_PROGRESS"
@@ -42,6 +50,23 @@ class TaskSnapshot:
     input: dict[str, Any]
     update_time_ms: int = 0
     terminal: bool = False
+
+
+@dataclass(frozen=True)
+class WorkflowStep:
+    """One step of a workflow definition, nested ones included, as `perago register` checks
+    it (the orchestrator adapter reads its definition language)."""
+
+    #: The workflow's name; an inline sub-workflow's is ``"<outer> > <inner>"``.
+    workflow: str
+    reference_name: str
+    #: The task type a worker polls for; "" for steps the orchestrator runs itself.
+    task_type: str
+    #: The step's input mapping as written (expressions unresolved); None if it has none.
+    inputs: Any
+    #: What is wrong with the step's own orchestration settings (e.g. a dynamic fork
+    #: without its task list), found by the adapter.
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perago.adapters.conductor import ConductorClient, worker_tasks, workflow_def_defaults
+from perago.adapters.conductor import (
+    ConductorClient,
+    worker_tasks,
+    workflow_def_defaults,
+    workflow_steps,
+)
 from perago.errors import RegistrationError
 from perago.task import TaskDefinition
 from perago.workflow_check import workflow_problems
@@ -83,7 +88,7 @@ def register(
                 )
             known.add(name)
     by_name = {t.name: t for t in tasks}
-    problems = [p for wf in workflows for p in workflow_problems(wf, by_name)]
+    problems = [p for wf in workflows for p in workflow_problems(workflow_steps(wf), by_name)]
     if problems:
         raise RegistrationError(
             f"{len(problems)} problem(s) in the workflow definitions; fix them and register "

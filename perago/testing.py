@@ -50,6 +50,7 @@ class _Repo:
     branches: dict[str, str] = field(default_factory=dict)
     staged: dict[str, dict[str, bytes | None]] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    default_branch: str = "main"
 
 
 class MemoryStore:
@@ -109,7 +110,7 @@ class MemoryStore:
         with self._lock:
             if name in self._repos:
                 raise ConflictError(f"repository {name} exists", status=409)
-            repo = _Repo()
+            repo = _Repo(default_branch=default_branch)
             root = self._new_commit(repo, (), {}, "Repository created", {})
             repo.branches[default_branch] = root.id
             repo.staged[default_branch] = {}
@@ -120,6 +121,10 @@ class MemoryStore:
 
     def repository_exists(self, repository: str) -> bool:
         return repository in self._repos
+
+    def default_branch(self, repository: str) -> str:
+        with self._lock:
+            return self._repo(repository).default_branch
 
     def branch_head(self, repository: str, branch: str) -> str:
         with self._lock:

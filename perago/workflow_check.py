@@ -9,45 +9,24 @@ every problem naming the workflow, the task reference and what to fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from perago.errors import GuardrailError
+from perago.orchestrator import WorkflowStep
 from perago.publish.scope import render_prefix
 from perago.task import TaskDefinition
 
 __all__ = ["workflow_problems"]
-
-_NESTED_LISTS = ("loopOver", "defaultCase")
 
 
 def _is_expression(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
 
 
-def _nested(task: Mapping[str, Any], workflow: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(workflow name, task) of every task under ``task``, including itself."""
-    yield workflow, task
-    for branch in task.get("forkTasks") or []:
-        for t in branch:
-            yield from _nested(t, workflow)
-    for key in _NESTED_LISTS:
-        for t in task.get(key) or []:
-            yield from _nested(t, workflow)
-    for case in (task.get("decisionCases") or {}).values():
-        for t in case:
-            yield from _nested(t, workflow)
-    inline = (task.get("subWorkflowParam") or {}).get("workflowDefinition")
-    if isinstance(inline, Mapping):
-        name = f"{workflow} > {inline.get('name', task.get('taskReferenceName', '?'))}"
-        for t in inline.get("tasks") or []:
-            yield from _nested(t, name)
-
-
-def _task_problems(defn: TaskDefinition[Any, Any], task: Mapping[str, Any]) -> list[str]:
-    inputs = task.get("inputParameters")
+def _task_problems(defn: TaskDefinition[Any, Any], inputs: Any) -> list[str]:
     if not isinstance(inputs, Mapping):
         return ['has no inputParameters: pass {"workspace": ..., "params": {...}}']
     problems = [
@@ -94,28 +73,16 @@ def _contains_expression(value: Any) -> bool:
 
 
 def workflow_problems(
-    workflow: Mapping[str, Any], tasks: Mapping[str, TaskDefinition[Any, Any]]
+    steps: Iterable[WorkflowStep], tasks: Mapping[str, TaskDefinition[Any, Any]]
 ) -> list[str]:
-    """Every problem of ``workflow``'s use of the Perago tasks in ``tasks`` (by task type)."""
+    """Every problem of a workflow's use of the Perago tasks in ``tasks`` (by task type);
+    ``steps`` from the orchestrator adapter (``perago.adapters.conductor.workflow_steps``)."""
     found = []
-    name = str(workflow.get("name", "?"))
-    for top in workflow.get("tasks") or []:
-        for wf_name, task in _nested(top, name):
-            kind = str(task.get("type", "SIMPLE")).upper()
-            if kind == "FORK_JOIN_DYNAMIC":
-                for key in ("dynamicForkTasksParam", "dynamicForkTasksInputParamName"):
-                    if not task.get(key) and not task.get("forkTaskName"):
-                        found.append(
-                            f"workflow {wf_name!r}, task {task.get('taskReferenceName')!r}: "
-                            f"FORK_JOIN_DYNAMIC needs {key!r}"
-                        )
-                continue
-            defn = tasks.get(str(task.get("name", "")))
-            if defn is None or kind not in ("SIMPLE", ""):
-                continue
-            for problem in _task_problems(defn, task):
-                found.append(
-                    f"workflow {wf_name!r}, task {task.get('taskReferenceName')!r} "
-                    f"({defn.name}): {problem}"
-                )
+    for step in steps:
+        where = f"workflow {step.workflow!r}, task {step.reference_name!r}"
+        found += [f"{where}: {problem}" for problem in step.problems]
+        defn = tasks.get(step.task_type)
+        if defn is None:
+            continue
+        found += [f"{where} ({defn.name}): {p}" for p in _task_problems(defn, step.inputs)]
     return found

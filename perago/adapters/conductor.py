@@ -14,7 +14,8 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from datetime import timedelta
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import structlog
@@ -24,24 +25,26 @@ from conductor.client.configuration.settings.authentication_settings import (
 )
 from conductor.client.http.api_client import ApiClient
 from conductor.client.http.rest import ApiException, AuthorizationException
+from pydantic import SecretStr
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from perago import metrics
-from perago.config import Settings
 from perago.errors import ConfigError, OrchestratorError
 from perago.lineage import ParentStep
-from perago.orchestrator import Outcome, TaskSnapshot
+from perago.orchestrator import Outcome, TaskSnapshot, WorkflowStep
 from perago.task import TaskDefinition
 
 __all__ = [
     "NON_WORKER_TYPES",
     "ConductorClient",
+    "ConductorConnection",
     "TaskSnapshot",
     "WorkflowRun",
     "task_def",
     "task_snapshot",
     "worker_tasks",
     "workflow_def_defaults",
+    "workflow_steps",
 ]
 
 T = TypeVar("T")
@@ -185,6 +188,48 @@ def task_def(defn: TaskDefinition[Any, Any]) -> dict[str, Any]:
     }
 
 
+def _nested(task: dict[str, Any], workflow: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(workflow name, task) of every task under ``task``, including itself: fork branches,
+    loop bodies, switch cases and inline sub-workflow definitions."""
+    yield workflow, task
+    for branch in task.get("forkTasks") or []:
+        for t in branch:
+            yield from _nested(t, workflow)
+    for key in ("loopOver", "defaultCase"):
+        for t in task.get(key) or []:
+            yield from _nested(t, workflow)
+    for case in (task.get("decisionCases") or {}).values():
+        for t in case:
+            yield from _nested(t, workflow)
+    inline = (task.get("subWorkflowParam") or {}).get("workflowDefinition")
+    if isinstance(inline, dict):
+        name = f"{workflow} > {inline.get('name', task.get('taskReferenceName', '?'))}"
+        for t in inline.get("tasks") or []:
+            yield from _nested(t, name)
+
+
+def workflow_steps(workflow: dict[str, Any]) -> Iterator[WorkflowStep]:
+    """Every step of a Conductor workflow definition, nested ones included."""
+    name = str(workflow.get("name", "?"))
+    for top in workflow.get("tasks") or []:
+        for wf_name, t in _nested(top, name):
+            kind = str(t.get("type", "SIMPLE")).upper() or "SIMPLE"
+            problems = []
+            if kind == "FORK_JOIN_DYNAMIC" and not t.get("forkTaskName"):
+                problems = [
+                    f"FORK_JOIN_DYNAMIC needs {key!r}"
+                    for key in ("dynamicForkTasksParam", "dynamicForkTasksInputParamName")
+                    if not t.get(key)
+                ]
+            yield WorkflowStep(
+                workflow=wf_name,
+                reference_name=str(t.get("taskReferenceName", "")),
+                task_type=str(t.get("name", "")) if kind == "SIMPLE" else "",
+                inputs=t.get("inputParameters"),
+                problems=tuple(problems),
+            )
+
+
 def worker_tasks(tasks: Iterable[dict[str, Any]]) -> Iterator[tuple[str, str]]:
     """(task type, reference name) of every worker task of a workflow's task list, nested
     ones (fork branches, loops, switch cases) included."""
@@ -218,10 +263,23 @@ def _update_body(task: TaskSnapshot, worker_id: str, outcome: Outcome) -> dict[s
     return body
 
 
+class ConductorConnection(Protocol):
+    """The values the client connects with; :class:`perago.config.Settings` has them."""
+
+    @property
+    def conductor_server_url(self) -> str: ...
+    @property
+    def conductor_auth_key(self) -> str: ...
+    @property
+    def conductor_auth_secret(self) -> SecretStr: ...
+    @property
+    def http_timeout(self) -> timedelta: ...
+
+
 class ConductorClient:
     """Typed JSON calls to the Conductor REST API (`/api`)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: ConductorConnection) -> None:
         self._url = settings.conductor_server_url
         self._timeout = settings.http_timeout.total_seconds()
         auth = None

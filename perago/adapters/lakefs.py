@@ -12,20 +12,21 @@ import contextlib
 import json
 import shutil
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import lakefs_sdk
 import urllib3
 from lakefs_sdk.exceptions import ApiException
+from pydantic import SecretStr
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from perago.config import Settings
 from perago.errors import ConflictError, NotFoundError, StoreError, WorkspaceError
 from perago.store import Commit, ObjectInfo
 
-__all__ = ["LakeFSStore"]
+__all__ = ["LakeFSConnection", "LakeFSStore"]
 
 T = TypeVar("T")
 _CHUNK = 1024 * 1024
@@ -78,10 +79,27 @@ def _commit(c: Any) -> Commit:
     )
 
 
+class LakeFSConnection(Protocol):
+    """The values the adapter connects with; :class:`perago.config.Settings` has them (the
+    adapter does not import the settings module: settings build adapters, not the reverse)."""
+
+    @property
+    def lakefs_api_url(self) -> str: ...
+    @property
+    def lakefs_access_key_id(self) -> str: ...
+    @property
+    def lakefs_secret_access_key(self) -> SecretStr: ...
+    @property
+    def http_timeout(self) -> timedelta: ...
+    @property
+    def transfer_parallelism(self) -> int: ...
+    def require_lakefs_credentials(self) -> None: ...
+
+
 class LakeFSStore:
     """A :class:`perago.store.VersionStore` backed by a lakeFS server."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: LakeFSConnection) -> None:
         settings.require_lakefs_credentials()
         secret = settings.lakefs_secret_access_key.get_secret_value()
         config = lakefs_sdk.Configuration(
@@ -184,6 +202,11 @@ class LakeFSStore:
         except NotFoundError:
             return False
         return True
+
+    @_retry_idempotent
+    def default_branch(self, repository: str) -> str:
+        repo = self._call(f"get repository {repository!r}", self.repos.get_repository, repository)
+        return str(repo.default_branch)
 
     @_retry_idempotent
     def branch_head(self, repository: str, branch: str) -> str:
@@ -475,7 +498,13 @@ class LakeFSStore:
         headers = {**self._auth, "Content-Type": "application/octet-stream"}
         if if_absent:
             headers["If-None-Match"] = "*"
-        resp = self._http.request("POST", url, body=data, headers=headers)
+        try:
+            resp = self._http.request("POST", url, body=data, headers=headers)
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise StoreError(
+                f"lakeFS {what} failed: no answer from {self._base} ({e}); whether it landed "
+                "is unknown: read the object back before deciding again"
+            ) from e
         self._check(resp, what)
 
     @_retry_idempotent

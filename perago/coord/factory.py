@@ -14,9 +14,9 @@ from perago.coord.store import CoordStore
 from perago.errors import ConfigError
 
 if TYPE_CHECKING:
-    from perago.adapters.lakefs import LakeFSStore
     from perago.config import Settings
     from perago.coord.branch_leases import BranchLeases
+    from perago.store import VersionStore
 
 __all__ = ["KINDS", "OPTIONS", "branch_leases", "build_store", "check_options"]
 
@@ -75,7 +75,7 @@ def build_store(
     kind: str,
     options: Mapping[str, str],
     *,
-    lakefs: LakeFSStore | None,
+    lakefs: VersionStore | None,
     repository: str | None = None,
 ) -> CoordStore:
     """A store of ``kind`` ("lakefs" is the default deployment: no extra infrastructure).
@@ -138,7 +138,7 @@ def build_store(
     return store
 
 
-def branch_leases(settings: Settings, lakefs: LakeFSStore | None) -> BranchLeases | None:
+def branch_leases(settings: Settings, lakefs: VersionStore | None) -> BranchLeases | None:
     """The worker's branch leases, or None when ``PERAGO_COORD_BACKEND=none``.
 
     Options are checked now, so a misconfigured backend stops the worker at start-up; stores

@@ -19,13 +19,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 
-import urllib3
-
-from perago.adapters.lakefs import LakeFSStore
 from perago.coord.errors import CoordStoreError, PredicateFailedError
 from perago.coord.generations import GenerationLogStore, ObjectEntry
 from perago.coord.store import Versioned
-from perago.errors import ConflictError, NotFoundError
+from perago.errors import ConflictError, NotFoundError, StoreError
+from perago.store import VersionStore
 
 __all__ = ["DEFAULT_BRANCH", "DEFAULT_ROOT", "LakeFSObjectsStore"]
 
@@ -38,7 +36,7 @@ class _BranchObjects:
 
     def __init__(
         self,
-        lakefs: LakeFSStore,
+        lakefs: VersionStore,
         repository: str,
         branch: str,
         source: str | None,
@@ -61,7 +59,7 @@ class _BranchObjects:
                 return
             names = {b for b, _ in self._lakefs.list_branches(self._repo, prefix=self._branch)}
             if self._branch not in names:
-                source = self._source or _default_branch(self._lakefs, self._repo)
+                source = self._source or self._lakefs.default_branch(self._repo)
                 with contextlib.suppress(ConflictError):  # someone else created it first
                     self._lakefs.create_branch(self._repo, self._branch, source, hidden=True)
             self._ready = True
@@ -96,10 +94,12 @@ class _BranchObjects:
             self._lakefs.upload_bytes(self._repo, self._branch, path, data, if_absent=True)
         except ConflictError:
             return False
-        except (urllib3.exceptions.HTTPError, OSError) as e:
+        except StoreError as e:
+            if e.status is not None:
+                raise  # lakeFS answered: the create did not happen
             raise CoordStoreError(
-                f"lakeFS create {self._repo}/{self._branch}/{path} failed ({e}); whether it "
-                "landed is unknown: re-read the key before deciding again"
+                f"lakeFS create {self._repo}/{self._branch}/{path} got no answer ({e.message}); "
+                "whether it landed is unknown: re-read the key before deciding again"
             ) from e
         return True
 
@@ -108,18 +108,12 @@ class _BranchObjects:
         self._lakefs.delete_objects(self._repo, self._branch, list(paths))
 
 
-def _default_branch(lakefs: LakeFSStore, repository: str) -> str:
-    # The adapter has no public call for this yet; reuse its error translation.
-    repo = lakefs._call(f"get repository {repository!r}", lakefs.repos.get_repository, repository)
-    return str(repo.default_branch)
-
-
 class LakeFSObjectsStore:
     """Keys as generation objects under ``root`` on ``branch`` of ``repository``."""
 
     def __init__(
         self,
-        lakefs: LakeFSStore,
+        lakefs: VersionStore,
         repository: str,
         *,
         branch: str = DEFAULT_BRANCH,

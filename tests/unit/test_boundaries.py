@@ -51,9 +51,8 @@ CONDUCTOR_KEYS = frozenset(
     }
 )
 
-#: Reads workflow definitions for `perago register`'s deep check (issue 12); to move behind
-#: the Conductor adapter (a Perago view of a workflow definition) in a follow-up.
-KNOWN_EXCEPTIONS = {"workflow_check.py"}
+#: None left: `perago register`'s deep check reads `WorkflowStep`s the adapter makes.
+KNOWN_EXCEPTIONS: set[str] = set()
 
 
 @functools.cache
@@ -102,3 +101,22 @@ def test_only_the_conductor_adapter_spells_conductor_json() -> None:
     }
     assert {p: keys for p, keys in offenders.items() if keys} == {}
     assert _strings(dict(_modules())[CONDUCTOR_ADAPTER]) & CONDUCTOR_KEYS, "the check reads keys"
+
+
+def test_adapters_take_connection_values_and_nothing_leans_on_them() -> None:
+    """Settings build adapters (perago/wiring.py), never the reverse, so the old import cycle
+    adapters/lakefs -> config -> coord/factory -> coord/lakefs_objects -> adapters/lakefs
+    cannot come back; coordination talks to lakeFS through the VersionStore protocol."""
+    modules = dict(_modules())
+    for adapter in (CONDUCTOR_ADAPTER, LAKEFS_ADAPTER):
+        leaning = {m for m in _imports(modules[adapter]) if m.startswith("perago.")}
+        assert not leaning & {"perago.config", "perago.wiring", "perago.cli"}, adapter
+        assert not {m for m in leaning if m.startswith("perago.coord")}, adapter
+    for path, tree in modules.items():
+        if path.startswith("coord/"):
+            assert not {m for m in _imports(tree) if m.startswith("perago.adapters")}, path
+    assert "perago.adapters.lakefs" in _imports(
+        modules["wiring.py"]
+    ) or "perago.adapters.lakefs" in {
+        n.module for n in ast.walk(modules["wiring.py"]) if isinstance(n, ast.ImportFrom)
+    }

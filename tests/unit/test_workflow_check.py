@@ -7,8 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from perago.adapters.conductor import workflow_steps
 from perago.task import WorkspaceSpec, task
-from perago.workflow_check import workflow_problems
+from perago.workflow_check import workflow_problems as _problems
+
+
+def workflow_problems(wf: dict[str, Any], tasks: dict[str, Any]) -> list[str]:
+    return _problems(workflow_steps(wf), tasks)
 
 
 class Day(BaseModel):
