@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from perago.context import AttemptInfo
 from perago.orchestrator import TaskSnapshot
 from perago.publish.identity import AttemptIdentity, WorkspaceTarget
+from perago.steps import Phase
 from perago.task import TaskDefinition
 
 __all__ = ["RunningAttempt"]
@@ -31,7 +32,7 @@ class RunningAttempt:
     defn: TaskDefinition[Any, Any]
     task: TaskSnapshot
     identity: AttemptIdentity
-    step: str = "start"
+    step: Phase = Phase.START
     target: WorkspaceTarget | None = None
     params: BaseModel | None = None
 

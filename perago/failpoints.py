@@ -17,21 +17,12 @@ from collections.abc import Mapping
 import structlog
 
 from perago.errors import ConfigError, FailpointError
+from perago.steps import Boundary, observe
 
 __all__ = ["POINTS", "FailpointError", "configure", "hit"]
 
-POINTS = (
-    "after_materialize",
-    "after_body",
-    "after_fence1",
-    "after_lease",
-    "after_stage",
-    "after_fence2",
-    "after_publish_fence",
-    "before_reset",
-    "after_publish",
-    "after_complete",
-)
+#: The step boundaries (``perago.steps.Boundary``), in the order an attempt passes them.
+POINTS = tuple(b.value for b in Boundary)
 
 log = structlog.get_logger("perago.failpoints")
 _active: dict[str, str] = {}
@@ -81,3 +72,10 @@ def hit(name: str) -> None:
         raise FailpointError(f"failpoint {name} raised an error on purpose (PERAGO_FAILPOINTS)")
     else:
         time.sleep(float(action.removeprefix("pause:")))
+
+
+def _on_boundary(boundary: Boundary) -> None:
+    hit(boundary.value)  # looked up at call time: tests may stand in for ``hit``
+
+
+observe(_on_boundary)

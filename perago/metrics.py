@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from perago.steps import Boundary, observe
+
 __all__ = [
     "ATTEMPTS",
     "BYTES",
@@ -14,11 +16,12 @@ __all__ = [
     "FILES",
     "IN_FLIGHT",
     "JANITOR_REMOVALS",
-    "LEASE_EXTENSIONS",
     "PUBLISH_SECONDS",
     "REPORT_PROBLEMS",
     "REPORT_RESENDS",
     "STAGE_SECONDS",
+    "STEP_BOUNDARIES",
+    "TIMEOUT_EXTENSIONS",
 ]
 
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -40,8 +43,11 @@ STAGE_SECONDS = Histogram(
 )
 BYTES = Counter("perago_bytes_total", "Bytes moved between lakeFS and workspaces.", ["direction"])
 FILES = Counter("perago_files_total", "Files moved between lakeFS and workspaces.", ["direction"])
-LEASE_EXTENSIONS = Counter(
-    "perago_lease_extensions_total", "Conductor lease extensions sent.", ["result"]
+TIMEOUT_EXTENSIONS = Counter(
+    "perago_timeout_extensions_total",
+    "Conductor response-timeout extensions sent for running attempts (\"lease\" means only "
+    "the branch lease).",
+    ["result"],
 )
 CACHE = Counter(
     "perago_cache_total",
@@ -74,3 +80,15 @@ REPORT_PROBLEMS = Counter(
     "(reported FAILED), by reason.",
     ["reason"],
 )
+STEP_BOUNDARIES = Counter(
+    "perago_step_boundaries_total",
+    "Step boundaries attempts passed (perago.steps.Boundary): how far attempts get.",
+    ["boundary"],
+)
+
+
+def _count(boundary: Boundary) -> None:
+    STEP_BOUNDARIES.labels(boundary=boundary.value).inc()
+
+
+observe(_count)

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from perago import failpoints, metrics
+from perago import metrics, steps
 from perago.attempt import RunningAttempt
 from perago.config import Settings
 from perago.context import attempt_context
@@ -35,6 +35,7 @@ from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.joins import check_contains
+from perago.steps import Boundary, Phase
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.workspace import AttemptDirectory, ContentCache, compute_diff, materialize
@@ -241,7 +242,7 @@ class AttemptRunner:
 
     def _run_local(self, attempt: RunningAttempt) -> Outcome:
         """Local projection: download the prefix, run, diff, stage, publish."""
-        attempt.step = "materialize"
+        attempt.step = Phase.MATERIALIZE
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
         with AttemptDirectory(self._settings.work_dir, me.task_id) as attempt_dir:
             manifest = materialize(
@@ -257,22 +258,22 @@ class AttemptRunner:
             log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
             metrics.FILES.labels("download").inc(len(manifest.entries))
             metrics.BYTES.labels("download").inc(manifest.total_bytes)
-            failpoints.hit("after_materialize")
+            steps.reached(Boundary.AFTER_MATERIALIZE)
             checked = self._body_and_checks(attempt, attempt_dir.workspace)
             if attempt.defn.workspace.read_only:
                 log.info("read_only_completed", ref=target.input_ref)
                 return self._completed(target, target.input_ref, checked)
-            attempt.step = "diff"
+            attempt.step = Phase.DIFF
             diff = compute_diff(manifest, attempt_dir.workspace)
             log.info("diffed", **diff.summary())
-            attempt.step = "publish"
+            attempt.step = Phase.PUBLISH
             with self._publisher.lease_for_report() as kept:
                 ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
             return self._completed(target, ref, checked, kept.lease)
 
     def _run_in_place(self, attempt: RunningAttempt) -> Outcome:
         """In place: the body reads the input ref and writes the staging branch over S3."""
-        attempt.step = "stage"
+        attempt.step = Phase.STAGE
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
         staging = self._publisher.open_in_place(me, target)
         repo = target.repository
@@ -289,18 +290,18 @@ class AttemptRunner:
         except BaseException:
             self._publisher.cancel(repo, staging)
             raise
-        attempt.step = "publish"
+        attempt.step = Phase.PUBLISH
         # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
         with self._publisher.lease_for_report() as kept:
             ref = self._publisher.publish_in_place(me, target, prefix=prefix)
         return self._completed(target, ref, checked, kept.lease)
 
     def _body_and_checks(self, attempt: RunningAttempt, workspace: Any) -> BaseModel:
-        attempt.step = "task body"
+        attempt.step = Phase.BODY
         result = self._call_body(attempt, workspace)
         log.info("body_finished")
-        failpoints.hit("after_body")
-        attempt.step = "post-guardrail"
+        steps.reached(Boundary.AFTER_BODY)
+        attempt.step = Phase.POST_GUARDRAIL
         return check_result(attempt.defn, result)
 
     def _call_body(self, attempt: RunningAttempt, workspace: Any) -> Any:

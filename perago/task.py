@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel
 
+from perago import lakefs_names as names
 from perago.errors import TaskDefinitionError
 from perago.publish.scope import render_prefix, template_fields
 
@@ -26,7 +27,7 @@ P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
 #: Paths Perago keeps for itself on every target branch; no task prefix may reach them.
-RESERVED_PREFIXES = ("_perago/", "_lakefs_actions/")
+RESERVED_PREFIXES = names.RESERVED_PREFIXES
 _TASK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,127}$")
 _DOMAIN = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from perago import failpoints, metrics
+from perago import failpoints, metrics, steps
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseExpiringError, LeaseLostError
@@ -28,6 +28,7 @@ from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.publish.transaction import release_lease
 from perago.report import Landing, TaskUpdates, under_lease
 from perago.runtime import AttemptRunner, outcome_of
+from perago.steps import Boundary
 from perago.store import VersionStore
 from perago.task import TaskDefinition
 
@@ -272,7 +273,7 @@ class Worker:
             step = "report"
             self._report(snapshot, outcome, updates)
             step = "after report"
-            failpoints.hit("after_complete")
+            steps.reached(Boundary.AFTER_COMPLETE)
         except Interrupt as e:
             # The drain interrupted the attempt in its report (or after it): without a report
             # Conductor times the attempt out and retries it; the retry decides from HEAD.
@@ -306,10 +307,10 @@ class Worker:
             try:
                 if not updates.extend():
                     return
-                metrics.LEASE_EXTENSIONS.labels("ok").inc()
+                metrics.TIMEOUT_EXTENSIONS.labels("ok").inc()
                 log.debug("response_timeout_extended", task_id=snapshot.task_id)
             except PeragoError as e:
-                metrics.LEASE_EXTENSIONS.labels("failed").inc()
+                metrics.TIMEOUT_EXTENSIONS.labels("failed").inc()
                 log.warning(
                     "response_timeout_extension_failed", task_id=snapshot.task_id, error=e.message
                 )

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 
+from perago import lakefs_names as names
 from perago.coord.errors import CoordStoreError, PredicateFailedError
 from perago.coord.generations import GenerationLogStore, ObjectEntry
 from perago.coord.store import Versioned
@@ -27,8 +28,8 @@ from perago.store import VersionStore
 
 __all__ = ["DEFAULT_BRANCH", "DEFAULT_ROOT", "LakeFSObjectsStore"]
 
-DEFAULT_BRANCH = "_perago_coord"
-DEFAULT_ROOT = "_perago/coord"
+DEFAULT_BRANCH = names.COORD_BRANCH
+DEFAULT_ROOT = names.COORD_ROOT
 
 
 class _BranchObjects:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import io
 
+from perago import lakefs_names as names
 from perago.errors import NotFoundError
 from perago.store import VersionStore
 
 __all__ = ["HOOK_PATH", "HOOK_YAML", "install"]
 
-HOOK_PATH = "_lakefs_actions/perago-expected-head.yaml"
+HOOK_PATH = names.HOOK_PATH
 HOOK_YAML = """\
 name: perago expected head
 description: Reject a Perago publication whose destination head moved after the publish fence.

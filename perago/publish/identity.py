@@ -7,9 +7,9 @@ and task reference.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
+from perago import lakefs_names as names
 from perago.store import Commit
 
 __all__ = [
@@ -20,8 +20,8 @@ __all__ = [
     "staging_prefix",
 ]
 
-_KEY = "perago."
-_SAFE = re.compile(r"[^A-Za-z0-9_-]")
+_KEY = names.METADATA_PREFIX
+staging_prefix = names.staging_prefix
 
 
 @dataclass(frozen=True)
@@ -115,16 +115,9 @@ class AttemptIdentity:
         )
 
 
-def staging_prefix(cluster_id: str = "") -> str:
-    """Where a cluster's staging branch names start. Cluster ids have no hyphen, so no
-    cluster's prefix starts another's, nor the unnamed cluster's ``perago-stg-``."""
-    return f"perago-{cluster_id}-stg-" if cluster_id else "perago-stg-"
-
-
 def staging_branch_name(identity: AttemptIdentity) -> str:
-    """Execution-scoped and unique per delivery (a task id may be delivered twice)."""
-    task = _SAFE.sub("_", identity.task_id)
-    return f"{staging_prefix(identity.cluster_id)}{task}-p{identity.poll_count}"
+    """The attempt's staging branch (``perago.lakefs_names``)."""
+    return names.staging_branch_name(identity.task_id, identity.poll_count, identity.cluster_id)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import re
 import string
 from collections.abc import Mapping
 
+from perago import lakefs_names as names
 from perago.errors import GuardrailError, TaskDefinitionError
 
 __all__ = [
@@ -24,8 +25,7 @@ __all__ = [
     "template_fields",
 ]
 
-#: Where the per-scope publication markers live (inside the reserved ``_perago/``).
-SCOPE_MARKER_ROOT = "_perago/scopes/"
+SCOPE_MARKER_ROOT = names.SCOPE_MARKER_ROOT
 
 #: What one templated value may be: one plain path segment.
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}$")

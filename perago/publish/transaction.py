@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structlog
 
-from perago import failpoints, metrics
+from perago import metrics, steps
 from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.errors import (
     ConflictError,
@@ -25,6 +25,7 @@ from perago.errors import (
     StoreError,
     WorkspaceError,
 )
+from perago.lakefs_names import replaced_tag, scoped_branch_name
 from perago.publish.fences import (
     AttemptLedger,
     HeadDecision,
@@ -39,6 +40,7 @@ from perago.publish.identity import (
     staging_branch_name,
 )
 from perago.publish.scope import scope_markers
+from perago.steps import Boundary
 from perago.store import Commit, VersionStore
 from perago.workspace import ContentCache, Diff, upload_all
 
@@ -156,7 +158,7 @@ class Publisher:
     def _fence(self, me: AttemptIdentity, n: int) -> None:
         check_attempt(self._ledger, me, worker_id=self._worker_id)
         log.info("attempt_fence_passed", fence=n)
-        failpoints.hit(f"after_fence{n}")
+        steps.reached(Boundary(f"after_fence{n}"))
 
     def _commit_and_confirm(
         self,
@@ -168,12 +170,12 @@ class Publisher:
         """Under the branch lease: the staged commit, attempt fence 2, publish fence, Confirm."""
         with self._branch_lease(me, target) as lease:
             staged = self._commit_staging(me, target, branch, lease, **counts)
-            failpoints.hit("after_stage")
+            steps.reached(Boundary.AFTER_STAGE)
             self._fence(me, 2)
             started = time.monotonic()
             published = self._confirm(me, target, staged, lease)
             metrics.PUBLISH_SECONDS.labels("publish").observe(time.monotonic() - started)
-            failpoints.hit("after_publish")
+            steps.reached(Boundary.AFTER_PUBLISH)
             return published
 
     # -- Try ---------------------------------------------------------------------------------
@@ -267,7 +269,7 @@ class Publisher:
         head, history = self._read_head(target)
         decision = decide_publication(head, target.input_ref, me, history)
         log.info("publish_fence_passed", decision=decision.value, head=head.id)
-        failpoints.hit("after_publish_fence")
+        steps.reached(Boundary.AFTER_PUBLISH_FENCE)
         if decision is HeadDecision.LANDED:
             return self._own_commit(head, history, me)
         if decision is HeadDecision.REPLACE:
@@ -376,9 +378,7 @@ class Publisher:
         """
         repo = target.repository
         undo = earlier_publications(history, target.input_ref, me)
-        base = staging_branch_name(me)
-        cut = base.rindex("-p")
-        scoped = f"{base[:cut]}-scoped{base[cut:]}"
+        scoped = scoped_branch_name(staging_branch_name(me))
         self._store.delete_branch(repo, scoped)  # a leftover of an earlier try of ours
         self._store.create_branch(repo, scoped, head.id, hidden=True)
         try:
@@ -549,7 +549,7 @@ class Publisher:
         )
         log.info("branch_lease_acquired", fencing_token=lease.token, branch=target.branch)
         try:
-            failpoints.hit("after_lease")
+            steps.reached(Boundary.AFTER_LEASE)
             yield lease
         except BaseException:
             release_lease(lease)
@@ -587,7 +587,7 @@ class Publisher:
             )
         self._keep_reachable(repo, seen_head, me)
         lease.refresh()
-        failpoints.hit("before_reset")
+        steps.reached(Boundary.BEFORE_RESET)
         lease.guarded(
             lambda budget: self._store.hard_reset(repo, target.branch, to, timeout=budget)
         )
@@ -595,7 +595,7 @@ class Publisher:
 
     def _keep_reachable(self, repo: str, commit_id: str, me: AttemptIdentity) -> None:
         """Tag a head before a hard reset replaces it, so no commit becomes unreachable."""
-        tag = f"perago-replaced-{commit_id[:16]}-r{me.retry_count}"
+        tag = replaced_tag(commit_id, me.retry_count)
         try:
             self._store.create_tag(repo, tag, commit_id)
         except ConflictError:

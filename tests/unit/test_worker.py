@@ -21,7 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 import perago
-from perago import TaskError, WorkspaceSpec, failpoints, task
+from perago import TaskError, WorkspaceSpec, failpoints, steps, task
 from perago.config import Settings, load
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.lease import LeaseManager
@@ -29,6 +29,7 @@ from perago.coord.memory import MemoryStore as CoordMemory
 from perago.janitor import sweep
 from perago.orchestrator import Outcome
 from perago.runtime import AttemptRunner
+from perago.steps import Boundary
 from perago.store import Commit
 from perago.testing import MemoryStore, StubOrchestrator
 from perago.worker import Worker
@@ -759,3 +760,29 @@ def test_every_event_of_an_attempt_carries_its_context(
             0,
         ), e
         assert (e["repository"], e["branch"], e["input_ref"]) == ("repo", "main", base), e
+
+
+def test_observers_see_every_step_boundary_of_a_publication_in_order(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    """Failpoints and metrics are observers of `perago.steps`; any other observer sees the
+    same boundaries, in the order of the protocol."""
+    seen: list[Boundary] = []
+    remove = steps.observe(seen.append)
+    try:
+        with running(stub, store, tmp_path):
+            outcome = settle(stub, step(stub))
+    finally:
+        remove()
+    assert outcome.status == "COMPLETED"
+    assert seen == [
+        Boundary.AFTER_MATERIALIZE,
+        Boundary.AFTER_BODY,
+        Boundary.AFTER_FENCE1,
+        Boundary.AFTER_STAGE,
+        Boundary.AFTER_FENCE2,
+        Boundary.AFTER_PUBLISH_FENCE,
+        Boundary.AFTER_PUBLISH,
+        Boundary.AFTER_COMPLETE,
+    ]
+    assert list(Boundary) == [Boundary(p) for p in failpoints.POINTS]
