@@ -45,7 +45,7 @@ BYTES = Counter("perago_bytes_total", "Bytes moved between lakeFS and workspaces
 FILES = Counter("perago_files_total", "Files moved between lakeFS and workspaces.", ["direction"])
 TIMEOUT_EXTENSIONS = Counter(
     "perago_timeout_extensions_total",
-    "Conductor response-timeout extensions sent for running attempts (\"lease\" means only "
+    'Conductor response-timeout extensions sent for running attempts ("lease" means only '
     "the branch lease).",
     ["result"],
 )
