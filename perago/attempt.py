@@ -35,6 +35,8 @@ class RunningAttempt:
     step: Phase = Phase.START
     target: WorkspaceTarget | None = None
     params: BaseModel | None = None
+    #: The workflow pinned the input ref (``workspace.ref``): every retry starts from it.
+    pinned: bool = False
 
     @classmethod
     def start(
@@ -49,7 +51,9 @@ class RunningAttempt:
             task_type=task.task_type,
             cluster_id=cluster_id,
         )
-        return cls(defn, task, identity)
+        workspace = task.input.get("workspace")
+        pinned = isinstance(workspace, dict) and workspace.get("ref") is not None
+        return cls(defn, task, identity, pinned=pinned)
 
     def resolved(self, target: WorkspaceTarget, params: BaseModel, scope: str) -> None:
         """The pre-guardrails passed: the target, the params and the scope are known."""

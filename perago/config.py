@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -162,6 +163,12 @@ class Settings(BaseSettings):
         "digits): staging branches become `perago-<id>-stg-...` and the janitor removes only "
         "its own cluster's, so clusters sharing one lakeFS never remove each other's. Unset: "
         "`perago-stg-...`.",
+    )
+    params_extra: Literal["forbid", "ignore"] = Field(
+        default="forbid",
+        description="What a task does with params keys its model does not declare: `forbid` "
+        "fails the attempt terminally, naming them (a typo never goes unnoticed); `ignore` "
+        "drops them. A params model's own `model_config['extra']` wins.",
     )
     janitor_on_start: bool = Field(
         default=True,

@@ -7,6 +7,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from perago.errors import NoAttemptError
+
 __all__ = ["AttemptInfo", "attempt_context", "info"]
 
 
@@ -38,8 +40,13 @@ def attempt_context(current: AttemptInfo) -> Iterator[AttemptInfo]:
 
 
 def info() -> AttemptInfo:
-    """The running attempt; raises LookupError outside a Perago attempt."""
+    """The running attempt; :class:`~perago.errors.NoAttemptError` (a ``LookupError``)
+    outside one."""
     current = _current.get()
     if current is None:
-        raise LookupError("perago.context.info() is only available inside a running task")
+        raise NoAttemptError(
+            "perago.info() is only available while Perago runs the task: to call a task "
+            "function in a test, use perago.testing.run_task(task, tmp_path, params) (or "
+            "TaskEnvironment), which sets it"
+        )
     return current

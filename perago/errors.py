@@ -32,6 +32,7 @@ exception into an attempt's outcome.
     │   ├── LeaseBusyError          someone else holds the lease and it is not stale yet
     │   └── LeaseExpiringError      too little lease time left to start a guarded write
     ├── FailpointError              a crash-test failpoint set to ``error`` fired
+    ├── NoAttemptError              perago.info() outside an attempt (also a LookupError)
     └── WorkflowRunError            `perago run`: the workflow did not complete
 
     Interrupt (BaseException)       signals user code must not swallow
@@ -54,6 +55,7 @@ __all__ = [
     "LeaseBusyError",
     "LeaseExpiringError",
     "LeaseLostError",
+    "NoAttemptError",
     "NotFoundError",
     "OrchestratorError",
     "PeragoError",
@@ -193,6 +195,10 @@ class LeaseExpiringError(CoordinationError):
 
 class FailpointError(PeragoError):
     """Raised by an ``error`` failpoint (PERAGO_FAILPOINTS), on purpose."""
+
+
+class NoAttemptError(PeragoError, LookupError):
+    """``perago.info()`` was called outside a running attempt."""
 
 
 class WorkflowRunError(PeragoError):

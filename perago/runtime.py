@@ -93,6 +93,52 @@ def outcome_of(e: BaseException, *, where: str, advice: str = "") -> Outcome:
     return Outcome(status, reason=f"{where}: {what}" + (f"; {advice}" if advice else ""))
 
 
+def hopeless(e: Exception, *, pinned: bool) -> Exception:
+    """``e``, or a terminal error in its place where no retry can succeed: a module the task
+    needs is not installed, or a publish fence refused a workflow that pinned its input ref
+    (every retry would start from that ref again)."""
+    if isinstance(e, ImportError):  # ModuleNotFoundError too
+        missing = f"module {e.name!r}" if e.name else "a module"
+        return TaskError(
+            f"the task needs {missing}, which the worker cannot import ({type(e).__name__}: "
+            f"{e}); install it into the worker's environment (pyspark.ml needs numpy: "
+            "perago-runtime[ml]) and re-run the workflow. Not retried: a retry on this worker "
+            "would fail the same way",
+            non_retryable=True,
+        )
+    if isinstance(e, PublishFenceError) and pinned and not e.non_retryable:
+        return PublishFenceError(
+            f"{e.message}. Not retried: the workflow pinned its input ref (workspace.ref), so "
+            "every retry would start from it again; re-run the workflow from the new head, or "
+            'omit "ref" to start each attempt from the branch head',
+            non_retryable=True,
+        )
+    return e
+
+
+def check_param_keys(defn: TaskDefinition[Any, Any], params: Any) -> None:
+    """Refuse params keys the task's model does not know (a typo like ``"rnak"`` would
+    otherwise be dropped silently and the default used), unless the model itself says what
+    to do with extra keys (``model_config["extra"]``)."""
+    model = defn.params_type
+    if not isinstance(params, dict) or "extra" in model.model_config:
+        return
+    known: set[str] = set()
+    for name, field in model.model_fields.items():
+        known.add(name)
+        if isinstance(field.alias, str):
+            known.add(field.alias)
+        if isinstance(field.validation_alias, str):
+            known.add(field.validation_alias)
+    unknown = sorted(str(k) for k in params if k not in known)
+    if unknown:
+        raise GuardrailError(
+            f"unknown params {unknown} for {defn.name} (its params are "
+            f"{sorted(model.model_fields) or 'none'}); fix the workflow's task input, or set "
+            "PERAGO_PARAMS_EXTRA=ignore to drop unknown keys"
+        )
+
+
 class AttemptRunner:
     """Runs attempts of registered tasks against one store and one ledger."""
 
@@ -167,8 +213,11 @@ class AttemptRunner:
             ws = WorkspaceInput.model_validate(raw["workspace"])
         except ValidationError as e:
             raise GuardrailError(f"invalid workspace input: {_validation_summary(e)}") from e
+        raw_params = raw.get("params") or {}
+        if self._settings.params_extra == "forbid":
+            check_param_keys(defn, raw_params)
         try:
-            params = defn.params_type.model_validate(raw.get("params") or {})
+            params = defn.params_type.model_validate(raw_params)
         except ValidationError as e:
             raise GuardrailError(
                 f"invalid params for {defn.name}: {_validation_summary(e)}; fix the workflow's "
@@ -232,13 +281,19 @@ class AttemptRunner:
                 "task_error", step=attempt.step, reason=e.message, non_retryable=e.non_retryable
             )
             return outcome_of(e, where=attempt.step)
-        except Exception as e:  # noqa: BLE001 - any failure of user code or I/O fails the attempt
-            if isinstance(e, AttemptFenceError):
+        except Exception as caught:  # noqa: BLE001 - any failure of user code or I/O fails it
+            failure = hopeless(caught, pinned=attempt.pinned)
+            if isinstance(failure, AttemptFenceError):
                 metrics.FENCE_REJECTIONS.labels("attempt").inc()
-            elif isinstance(e, PublishFenceError):
+            elif isinstance(failure, PublishFenceError):
                 metrics.FENCE_REJECTIONS.labels("publish").inc()
-            log.warning("attempt_failed", step=attempt.step, error=f"{type(e).__name__}: {e}")
-            return outcome_of(e, where=attempt.step)
+            log.warning(
+                "attempt_failed",
+                step=attempt.step,
+                error=f"{type(caught).__name__}: {caught}",
+                terminal=failure is not caught,
+            )
+            return outcome_of(failure, where=attempt.step)
 
     def _run_local(self, attempt: RunningAttempt) -> Outcome:
         """Local projection: download the prefix, run, diff, stage, publish."""

@@ -730,11 +730,11 @@ class TaskEnvironment:
         workspace: Path | RemoteWorkspace,
         params: P | dict[str, Any] | None = None,
     ) -> R:
-        from perago.runtime import check_result
+        from perago.runtime import check_param_keys, check_result
 
-        checked = defn.params_type.model_validate(
-            params.model_dump() if isinstance(params, BaseModel) else params or {}
-        )
+        raw = params.model_dump() if isinstance(params, BaseModel) else params or {}
+        check_param_keys(defn, raw)  # as the worker does by default (PERAGO_PARAMS_EXTRA)
+        checked = defn.params_type.model_validate(raw)
         current = replace(self.info, task_type=self._info.get("task_type", defn.name))
         with attempt_context(current):
             if defn.wants_spark:

@@ -79,6 +79,8 @@ def writer(workspace: Path, params: Params) -> Result:
         return {"files": "many"}  # type: ignore[return-value]
     elif mode == "symlink":
         (workspace / "link").symlink_to("/etc/hostname")
+    elif mode == "import":
+        import perago_no_such_module  # type: ignore[import-not-found]  # noqa: F401
     return Result(files=len(list(workspace.iterdir())))
 
 
@@ -283,8 +285,9 @@ class Freezer:
         (ws(branch="gone"), {}, "branch 'gone' does not exist"),
         (ws(ref="0" * 64), {}, "does not exist"),
         ({"repository": "repo"}, {}, "invalid workspace input"),
+        (ws(), {"txet": "typo"}, "unknown params ['txet'] for writer"),
     ],
-    ids=["params", "repository", "branch", "ref", "workspace-input"],
+    ids=["params", "repository", "branch", "ref", "workspace-input", "unknown-param"],
 )
 def test_pre_guardrail_failures_are_terminal(
     stub: StubOrchestrator,
@@ -576,8 +579,10 @@ def test_two_publications_from_one_input_ref_exactly_one_lands(
         a = step(stub, workspace=ws(ref=base), text="a")
         b = step(stub, workspace=ws(ref=base), text="b")
         outcomes = sorted([settle(stub, a), settle(stub, b)], key=lambda o: o.status)
-    assert [o.status for o in outcomes] == ["COMPLETED", "FAILED"]
+    # Both pinned the input ref: a retry would start from it again, so no retry is spent.
+    assert [o.status for o in outcomes] == ["COMPLETED", "FAILED_WITH_TERMINAL_ERROR"]
     assert "rejected the merge" in outcomes[1].reason
+    assert "pinned its input ref" in outcomes[1].reason
     assert len(publications(store, base)) == 1
 
 
@@ -786,3 +791,38 @@ def test_observers_see_every_step_boundary_of_a_publication_in_order(
         Boundary.AFTER_COMPLETE,
     ]
     assert list(Boundary) == [Boundary(p) for p in failpoints.POINTS]
+
+
+def test_unknown_params_are_dropped_when_the_setting_says_ignore(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    with running(stub, store, tmp_path, params_extra="ignore"):
+        outcome = settle(stub, step(stub, txet="typo"))
+    assert outcome.status == "COMPLETED"
+
+
+def test_a_missing_module_is_terminal_and_says_what_to_install(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    with running(stub, store, tmp_path):
+        wid = step(stub, retries=3, mode="import")
+        outcome = settle(stub, wid)
+    assert outcome.status == "FAILED_WITH_TERMINAL_ERROR"
+    assert "module 'perago_no_such_module'" in outcome.reason and "install it" in outcome.reason
+    assert len(stub.attempts(wid)) == 1  # no retry spent
+
+
+def test_a_pinned_ref_that_moved_is_terminal_an_unpinned_one_retries(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    base = store.branch_head("repo", "main")
+    store.upload_bytes("repo", "main", "elsewhere/x.txt", b"foreign")
+    store.commit("repo", "main", message="a foreign writer", metadata={})
+    with running(stub, store, tmp_path):
+        pinned = step(stub, retries=3, workspace=ws(ref=base))
+        outcome = settle(stub, pinned)
+        unpinned = step(stub, retries=3)
+        assert settle(stub, unpinned).status == "COMPLETED"
+    assert outcome.status == "FAILED_WITH_TERMINAL_ERROR"
+    assert "not Perago" in outcome.reason and "pinned its input ref" in outcome.reason
+    assert len(stub.attempts(pinned)) == 1
