@@ -26,6 +26,7 @@ from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.health import HealthServer
 from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.publish.transaction import release_lease
+from perago.recovery import AttemptRecords, recover
 from perago.report import Landing, TaskUpdates, under_lease
 from perago.runtime import AttemptRunner, outcome_of
 from perago.steps import Boundary
@@ -85,6 +86,7 @@ class Worker:
         self._store = store
         self._leases = leases
         self._runner = AttemptRunner(store, orchestrator, settings, spark=spark, leases=leases)
+        self._records = AttemptRecords(settings.work_dir)
         self._inflight: dict[str, _InFlight] = {}
         self._lock = threading.Condition()
         self._draining = threading.Event()
@@ -127,6 +129,9 @@ class Worker:
             concurrency=self._settings.concurrency,
         )
         http = self._start_http()
+        # Before polling: deliveries a killed process of this worker left IN_PROGRESS are
+        # failed now, so Conductor retries them without waiting out the response timeout.
+        recover(self._records, self._orchestrator)
         if self._settings.janitor_on_start:
             threading.Thread(target=self._janitor_pass, daemon=True, name="perago-janitor").start()
         try:
@@ -253,6 +258,9 @@ class Worker:
         )
         extender.start()
         step = "run"
+        # Kept until the report is sent: a restart after a crash fails what it names (recovery);
+        # an attempt interrupted before that keeps it, which is right: it was not reported.
+        record = self._records.add(snapshot, worker_id=worker_id)
         try:
             try:
                 outcome = self._runner.run(self._tasks[snapshot.task_type], snapshot)
@@ -273,6 +281,7 @@ class Worker:
             step = "report"
             self._report(snapshot, outcome, updates)
             step = "after report"
+            self._records.remove(record)
             steps.reached(Boundary.AFTER_COMPLETE)
         except Interrupt as e:
             # The drain interrupted the attempt in its report (or after it): without a report

@@ -141,10 +141,12 @@ def test_fork_join_of_overlapping_writers_one_lands_the_other_fails_closed(
     assert wf["status"] == "FAILED"
     done = {r: attempts(wf, r)[-1] for r in ("narrow", "wide")}
     statuses = sorted(t["status"] for t in done.values())
-    assert statuses == ["COMPLETED", "FAILED"], statuses
+    # The fork pinned its input ref: a retry could never pass, so the loser is terminal.
+    assert statuses == ["COMPLETED", "FAILED_WITH_TERMINAL_ERROR"], statuses
     winner = next(r for r, t in done.items() if t["status"] == "COMPLETED")
-    loser = next(t for t in done.values() if t["status"] == "FAILED")
+    loser = next(t for t in done.values() if t["status"] == "FAILED_WITH_TERMINAL_ERROR")
     reason = loser["reasonForIncompletion"]
+    assert "pinned its input ref" in reason
     assert "overlapping this step's scope" in reason or "lakeFS rejected the merge" in reason
     assert f"step {winner!r}" in reason or "lakeFS rejected the merge" in reason
     head = store.get_commit(repo, store.branch_head(repo, "main"))

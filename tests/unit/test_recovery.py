@@ -1,0 +1,86 @@
+"""Recovery after a crash: records of dead attempts, and the fenced FAILED report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from perago.orchestrator import Outcome, TaskSnapshot
+from perago.recovery import AttemptRecord, AttemptRecords, recover
+from perago.testing import StubOrchestrator
+
+
+def _dead_pid() -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout)
+
+
+def _delivered(stub: StubOrchestrator, wid: str, worker_id: str) -> TaskSnapshot:
+    stub.submit("t", {}, workflow_id=wid, reference_name="step", retries=2)
+    (task,) = stub.poll("t", worker_id=worker_id, count=1)
+    return task
+
+
+def _leave_record(records: AttemptRecords, task: TaskSnapshot, worker_id: str, pid: int) -> None:
+    """What a SIGKILLed attempt leaves: its record and its attempt directory."""
+    with records.running(task, worker_id=worker_id) as record:
+        kept = json.dumps(asdict(replace(record, pid=pid, started="")))
+    records.folder.mkdir(parents=True, exist_ok=True)
+    (records.folder / f"{task.task_id}-p{task.poll_count}.json").write_text(kept)
+    (records.work_dir / f"{task.task_id}-abcd1234" / "workspace").mkdir(parents=True)
+
+
+def test_a_dead_process_s_delivery_is_failed_at_once_and_its_leftovers_removed(
+    tmp_path: Path,
+) -> None:
+    stub = StubOrchestrator()
+    records = AttemptRecords(tmp_path)
+    task = _delivered(stub, "wf-1", "host-111")
+    _leave_record(records, task, "host-111", _dead_pid())
+    assert recover(records, stub) == [task.task_id]
+    (update,) = [u for u in stub.updates if u.kind == "report"]
+    assert update.outcome.status == "FAILED" and "restarted" in update.outcome.reason
+    assert list(records.folder.glob("*.json")) == []
+    assert not (tmp_path / f"{task.task_id}-abcd1234").exists()
+
+
+def test_deliveries_that_moved_on_or_belong_to_a_live_process_are_left_alone(
+    tmp_path: Path,
+) -> None:
+    stub = StubOrchestrator()
+    records = AttemptRecords(tmp_path)
+    retried = _delivered(stub, "wf-2", "host-222")
+    taken = _delivered(stub, "wf-3", "host-333")
+    live = _delivered(stub, "wf-4", "host-444")
+    dead = _dead_pid()
+    _leave_record(records, retried, "host-222", dead)
+    _leave_record(records, taken, "someone-else", dead)  # now delivered to another worker
+    _leave_record(records, live, "host-444", os.getpid())  # this very process: alive
+    stub.report(
+        retried,
+        Outcome("COMPLETED"),
+        worker_id="host-222",
+    )
+    before = len(stub.updates)
+    assert recover(records, stub) == []
+    assert len(stub.updates) == before  # nothing reported
+    remaining = sorted(p.name for p in records.folder.glob("*.json"))
+    assert remaining == [f"{live.task_id}-p{live.poll_count}.json"]  # the live one stays
+
+
+def test_unreadable_records_are_dropped(tmp_path: Path) -> None:
+    records = AttemptRecords(tmp_path)
+    records.folder.mkdir(parents=True)
+    (records.folder / "junk-p1.json").write_text("{not json")
+    assert records.orphans() == []
+    assert not (records.folder / "junk-p1.json").exists()
+    assert AttemptRecord("t", 1, "w", "tt", "wid", os.getpid(), "").owner_alive()
