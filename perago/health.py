@@ -34,9 +34,11 @@ class HealthServer:
         alive: Callable[[], bool],
         draining: Callable[[], bool],
         dependencies: dict[str, str],
+        problem: Callable[[], str | None] = lambda: None,
         host: str = "0.0.0.0",
     ) -> None:
         self._alive, self._draining, self._deps = alive, draining, dependencies
+        self._problem = problem
         self._cache: tuple[float, dict[str, bool]] = (0.0, {})
         self._lock = threading.Lock()
         outer = self
@@ -77,6 +79,9 @@ class HealthServer:
         could do better than the old one did; workers pull work, so a ready pod routes none."""
         if self._draining():
             return False, "draining"
+        problem = self._problem()
+        if problem:  # this pod cannot run its tasks (e.g. no Spark session can be built)
+            return False, f"not ready: {problem}"
         with self._lock:
             checked_at, results = self._cache
             if time.monotonic() - checked_at > 2.0:

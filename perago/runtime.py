@@ -7,7 +7,6 @@ the failure matrix of docs/protocol.md.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -31,6 +30,7 @@ from perago.errors import (
     TaskError,
     WorkerShutdown,
 )
+from perago.failure_text import describe
 from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
@@ -88,8 +88,7 @@ def outcome_of(e: BaseException, *, where: str, advice: str = "") -> Outcome:
         status = "FAILED_WITH_TERMINAL_ERROR" if e.non_retryable else "FAILED"
         what = e.message
     else:
-        summary = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
-        what = summary[-1] if summary else type(e).__name__
+        what = describe(e)
     return Outcome(status, reason=f"{where}: {what}" + (f"; {advice}" if advice else ""))
 
 
@@ -290,7 +289,7 @@ class AttemptRunner:
             log.warning(
                 "attempt_failed",
                 step=attempt.step,
-                error=f"{type(caught).__name__}: {caught}",
+                error=describe(caught),
                 terminal=failure is not caught,
             )
             return outcome_of(failure, where=attempt.step)

@@ -23,6 +23,7 @@ from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseExpiringError, LeaseLostError
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
+from perago.failure_text import bounded_traceback, describe
 from perago.health import HealthServer
 from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.publish.transaction import release_lease
@@ -157,6 +158,7 @@ class Worker:
                 "conductor": self._settings.conductor_server_url.removesuffix("/api") + "/health",
                 "lakefs": self._settings.lakefs_api_url + "/healthcheck",
             },
+            problem=lambda: getattr(self._spark, "problem", None),
         )
         server.start()
         return server
@@ -266,9 +268,13 @@ class Worker:
                 outcome = self._runner.run(self._tasks[snapshot.task_type], snapshot)
             except WorkerShutdown as e:
                 outcome = outcome_of(e, where="run")
-            except Exception as e:  # never a dead attempt without a report
-                log.exception(
-                    "attempt_crashed", workflow_id=snapshot.workflow_id, task_id=snapshot.task_id
+            except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
+                log.error(
+                    "attempt_crashed",
+                    workflow_id=snapshot.workflow_id,
+                    task_id=snapshot.task_id,
+                    error=describe(e),
+                    traceback=bounded_traceback(e),
                 )
                 metrics.REPORT_PROBLEMS.labels("runner_crashed").inc()
                 outcome = outcome_of(
@@ -368,9 +374,9 @@ class Worker:
             metrics.REPORT_PROBLEMS.labels("report_failed").inc()
             log.error("report_failed", error=e.message, **fields)
             return
-        except Exception as e:  # logged and counted, never silent
+        except Exception as e:  # noqa: BLE001 - logged and counted, never silent
             metrics.REPORT_PROBLEMS.labels("report_crashed").inc()
-            log.exception("report_failed", error=f"{type(e).__name__}: {e}", **fields)
+            log.error("report_failed", error=describe(e), traceback=bounded_traceback(e), **fields)
             return
         finally:
             if lease is not None:

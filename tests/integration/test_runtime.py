@@ -317,8 +317,9 @@ def test_worker_killed_after_publish_retry_replaces_abandoned_publication(
         assert w1.proc.wait(timeout=60) == -signal.SIGKILL
     abandoned = store.branch_head(repo, "main")
     assert abandoned != input_ref
-    # Conductor times the silent attempt out and retries it on a fresh worker.
-    with worker(env, tmp_path / "w2.log") as w2:
+    # Conductor times the silent attempt out and retries it on a fresh worker (on another
+    # work directory, so it knows nothing of the dead one: the response-timeout path).
+    with worker({**env, "PERAGO_WORK_DIR": str(tmp_path / "other")}, tmp_path / "w2.log") as w2:
         wf = wait_workflow(conductor, wid, timeout=90)
         w2.wait_for("published", mode="replace")
     assert wf["status"] == "COMPLETED"

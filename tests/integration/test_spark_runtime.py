@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +28,12 @@ from .harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 MODULE = "tests.integration.taskmods.spark_tasks"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -102,7 +113,92 @@ def test_failed_spark_job_publishes_nothing(
     assert wf["status"] == "FAILED"
     steps = attempts(wf, "step")
     assert all(t["status"] == "FAILED" for t in steps) and len(steps) == 2
-    assert "task body" in steps[0]["reasonForIncompletion"]
+    reason = steps[0]["reasonForIncompletion"]
+    assert "task body" in reason
+    if kind == "local":  # the Java error's class and message, not a stack frame
+        assert "n must be negative" in reason and "\tat " not in reason, reason
     assert store.branch_head(repo, "main") == seeded
     assert publications(store, repo) == []
     assert staging_branches(store, repo) == []
+
+
+def _java_children(pid: int) -> list[int]:
+    """The JVMs a process started (spark-submit execs java in its child)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            cmd = (stat.parent / "cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        if ppid == pid and cmd.endswith(b"java"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _ready(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_worker_whose_spark_jvm_died_builds_a_new_one(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+    seeded: str,
+) -> None:
+    """The JVM is SIGKILLed under a live worker (as Spark's handler does after a
+    StackOverflowError); the next Spark task gets a fresh JVM and completes first time."""
+    task_type = f"ps_local_{unique}"
+    put_workflow(
+        conductor, "jvm_wf", [simple_task(task_type, "step", "${workflow.input.workspace}", {})]
+    )
+    port = free_port()
+    with worker(env, tmp_path / "w.log", module=MODULE, extra_args=["--http-port", str(port)]) as w:
+        first = wait_workflow(conductor, start(conductor, "jvm_wf", repo), timeout=300)
+        assert first["status"] == "COMPLETED"
+        jvms = _java_children(w.proc.pid)
+        assert jvms, "the worker has no Spark JVM"
+        for pid in jvms:
+            os.kill(pid, signal.SIGKILL)
+        second = wait_workflow(conductor, start(conductor, "jvm_wf", repo), timeout=300)
+        assert second["status"] == "COMPLETED", second.get("reasonForIncompletion")
+        assert [t["status"] for t in attempts(second, "step")] == ["COMPLETED"]
+        w.wait_for("spark_jvm_forgotten")
+        assert _java_children(w.proc.pid) and set(_java_children(w.proc.pid)).isdisjoint(jvms)
+        assert _ready(port)[0] == 200
+
+
+def test_a_spark_session_that_cannot_start_fails_readably_and_unreadies_the_pod(
+    make_env: Callable[..., dict[str, str]],
+    conductor: ConductorClient,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+    seeded: str,
+) -> None:
+    broken = make_env(
+        MODULE,
+        PERAGO_SPARK_MASTER="local[1]",
+        PERAGO_SPARK_CONF='{"spark.driver.memory": "lots"}',
+    )
+    task_type = f"ps_local_{unique}"
+    put_workflow(
+        conductor, "nojvm_wf", [simple_task(task_type, "step", "${workflow.input.workspace}", {})]
+    )
+    port = free_port()
+    with worker(broken, tmp_path / "w.log", module=MODULE, extra_args=["--http-port", str(port)]):
+        wf = wait_workflow(conductor, start(conductor, "nojvm_wf", repo), timeout=300)
+        code, body = _ready(port)
+    assert wf["status"] == "FAILED"
+    reason = attempts(wf, "step")[0]["reasonForIncompletion"]
+    assert "cannot start a Spark session" in reason or "Java gateway" in reason, reason
+    assert "\tat " not in reason and len(reason) < 2000
+    assert code == 503 and "not ready: cannot start a Spark session" in body

@@ -1,0 +1,70 @@
+"""How an exception reads in a failure reason and a log line: what a person needs, bounded.
+
+A Py4J error's text is the whole Java stack (one ALS StackOverflowError wrote about 11,000
+lines to the log, and its last line, ``at java.base/java.lang.Thread.run(...)``, became
+Conductor's failure reason). A person needs the Java exception's class and message, and the
+root cause; this module extracts those, and caps whatever it cannot parse.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+__all__ = ["MAX_LINES", "bounded_traceback", "describe"]
+
+#: At most this many lines of any stack trace go to the log.
+MAX_LINES = 40
+_MAX_CHARS = 1500
+
+
+def _java_lines(text: str) -> list[str]:
+    """``Class: message`` lines of a Java stack dump: the exception, then its causes."""
+    out = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("Caused by: "):
+            out.append(line.removeprefix("Caused by: "))
+        elif line.startswith(": ") and not out:  # py4j: "An error occurred while calling x.\\n: "
+            out.append(line[2:])
+    return out
+
+
+def _safe_str(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001 - py4j's __str__ needs the (possibly dead) JVM
+        return ""
+
+
+def describe(e: BaseException) -> str:
+    """One readable line (or a few) for ``e``: for a Java error raised through PySpark, its
+    class and message and the root cause, never a stack frame."""
+    name = type(e).__name__
+    text = _safe_str(e)
+    java = _java_lines(text)
+    if java:
+        head, root = java[0], java[-1]
+        what = head if root == head else f"{head} (root cause: {root})"
+        return f"{name}: {what}"[:_MAX_CHARS]
+    java_exception = getattr(e, "java_exception", None)
+    if java_exception is not None:
+        try:
+            return f"{name}: {java_exception.toString()}"[:_MAX_CHARS]
+        except Exception:  # noqa: BLE001 - the JVM that raised it is gone
+            return f"{name}: a Java exception whose JVM is gone (the Spark driver died)"
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return name
+    first = lines[0] if len(lines) == 1 else f"{lines[0]} [+{len(lines) - 1} more lines]"
+    return f"{name}: {first}"[:_MAX_CHARS]
+
+
+def bounded_traceback(e: BaseException) -> str:
+    """The Python traceback of ``e`` with every part capped at :data:`MAX_LINES` lines."""
+    lines = "".join(traceback.format_exception(type(e), e, e.__traceback__)).splitlines()
+    if len(lines) <= MAX_LINES:
+        return "\n".join(lines)
+    keep = MAX_LINES // 2
+    return "\n".join(
+        [*lines[:keep], f"... {len(lines) - 2 * keep} lines left out ...", *lines[-keep:]]
+    )
