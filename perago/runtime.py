@@ -38,7 +38,14 @@ from perago.publish.joins import check_contains
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
-from perago.workspace import AttemptDirectory, ContentCache, compute_diff, materialize
+from perago.workspace import (
+    AttemptDirectory,
+    ContentCache,
+    Diff,
+    compute_diff,
+    materialize,
+    only_renames,
+)
 
 __all__ = [
     "SHUTDOWN",
@@ -320,6 +327,13 @@ class AttemptRunner:
             attempt.step = Phase.DIFF
             diff = compute_diff(manifest, attempt_dir.workspace)
             log.info("diffed", **diff.summary())
+            spec = attempt.defn.workspace
+            renames_ok = spec.renames_are_noops
+            if renames_ok is None:
+                renames_ok = attempt.defn.wants_spark
+            if renames_ok and only_renames(manifest, diff, attempt_dir.workspace):
+                log.info("only_renamed_same_bytes", renamed=len(diff.added))
+                diff = Diff()  # the published tree would differ by file names alone
             attempt.step = Phase.PUBLISH
             with self._publisher.lease_for_report() as kept:
                 ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)

@@ -65,11 +65,16 @@ class WorkspaceSpec:
 
     ``in_place=True`` is for data too big to copy: the body receives a
     :class:`RemoteWorkspace` (URIs through the lakeFS S3 gateway) instead of a local ``Path``.
+
+    ``renames_are_noops``: a change that only replaces files by files with the same bytes in
+    the same folder (Spark's random ``part-00000-<uuid>`` names on a re-run) publishes
+    nothing. ``None`` (the default) turns it on for Spark tasks only.
     """
 
     prefix: str
     read_only: bool = False
     in_place: bool = False
+    renames_are_noops: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))

@@ -2,7 +2,14 @@
 
 from perago.workspace.cache import ContentCache
 from perago.workspace.directory import AttemptDirectory
-from perago.workspace.manifest import Diff, Manifest, ManifestEntry, compute_diff, scan
+from perago.workspace.manifest import (
+    Diff,
+    Manifest,
+    ManifestEntry,
+    compute_diff,
+    only_renames,
+    scan,
+)
 from perago.workspace.transfer import local_path_for, materialize, upload_all
 
 __all__ = [
@@ -14,6 +21,7 @@ __all__ = [
     "compute_diff",
     "local_path_for",
     "materialize",
+    "only_renames",
     "scan",
     "upload_all",
 ]

@@ -16,13 +16,22 @@ import json
 import os
 import stat
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from perago.errors import UnsafePathError
 
-__all__ = ["Diff", "Manifest", "ManifestEntry", "compute_diff", "file_md5", "scan"]
+__all__ = [
+    "Diff",
+    "Manifest",
+    "ManifestEntry",
+    "compute_diff",
+    "file_md5",
+    "only_renames",
+    "scan",
+]
 
 _CHUNK = 1024 * 1024
 
@@ -157,6 +166,27 @@ def scan(root: Path) -> Iterator[LocalFile]:
                         f"the workspace holds {_relative_name(root, entry.path)!r}, which is not "
                         "a regular file (device, FIFO or socket); remove it before returning"
                     )
+
+
+def only_renames(manifest: Manifest, diff: Diff, root: Path) -> bool:
+    """True if ``diff`` only swaps files for files with the same bytes in the same folder
+    (same count, sizes and MD5 per folder): the published tree would differ by names alone,
+    as when Spark rewrites identical output under new random part names. Hashes the added
+    files only when counts and sizes already match; a multipart checksum never matches."""
+    if diff.changed or not diff.added or len(diff.added) != len(diff.deleted):
+        return False
+
+    def folder(path: str) -> str:
+        return path.rpartition("/")[0]
+
+    entries = manifest.entries
+    sizes_gone = Counter((folder(p), entries[p].size) for p in diff.deleted)
+    sizes_new = Counter((folder(p), (root / p).stat().st_size) for p in diff.added)
+    if sizes_gone != sizes_new:
+        return False
+    gone = Counter((folder(p), entries[p].size, entries[p].checksum) for p in diff.deleted)
+    new = Counter((folder(p), (root / p).stat().st_size, file_md5(root / p)) for p in diff.added)
+    return gone == new
 
 
 def compute_diff(manifest: Manifest, root: Path) -> Diff:

@@ -1,0 +1,68 @@
+"""Re-running a Spark step with identical output publishes nothing (`only_renames`)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from perago.workspace import Manifest, compute_diff, only_renames
+from perago.workspace.manifest import ManifestEntry
+
+
+def _materialized(root: Path, files: dict[str, bytes]) -> Manifest:
+    """A manifest as materialize leaves it (ctime 0: every file is hashed by the diff)."""
+    manifest = Manifest()
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        manifest.add(ManifestEntry(rel, len(data), hashlib.md5(data).hexdigest()))
+    return manifest
+
+
+def _rerun(root: Path, before: dict[str, bytes], after: dict[str, bytes]) -> bool:
+    manifest = _materialized(root, before)
+    for rel in before:
+        (root / rel).unlink()
+    for rel, data in after.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    diff = compute_diff(manifest, root)
+    return only_renames(manifest, diff, root)
+
+
+SPARK = {"out/part-00000-aaa.parquet": b"rows 1", "out/part-00001-aaa.parquet": b"rows 2"}
+
+
+def test_new_random_part_names_over_the_same_bytes_are_a_noop(tmp_path: Path) -> None:
+    after = {"out/part-00000-bbb.parquet": b"rows 1", "out/part-00001-bbb.parquet": b"rows 2"}
+    assert _rerun(tmp_path, SPARK, after)
+
+
+def test_anything_else_is_a_change(tmp_path: Path) -> None:
+    cases = {
+        "changed bytes": {
+            "out/part-00000-b.parquet": b"rows 1",
+            "out/part-00001-b.parquet": b"rows X",
+        },
+        "moved folder": {
+            "new/part-00000-b.parquet": b"rows 1",
+            "new/part-00001-b.parquet": b"rows 2",
+        },
+        "one file fewer": {"out/part-00000-b.parquet": b"rows 1rows 2"},
+        "one file more": {**{f"out/p{i}": b"rows 1" for i in range(2)}, "out/p9": b"rows 2"},
+        "same count, bytes swapped across folders": {
+            "out/a": b"rows 1",
+            "other/b": b"rows 2",
+        },
+    }
+    for i, (why, after) in enumerate(cases.items()):
+        root = tmp_path / str(i)
+        root.mkdir()
+        assert not _rerun(root, SPARK, after), why
+
+
+def test_a_real_change_beside_renames_is_a_change(tmp_path: Path) -> None:
+    before = {**SPARK, "out/_meta.json": b"{}"}
+    after = {"out/part-00000-b.parquet": b"rows 1", "out/part-00001-b.parquet": b"rows 2"}
+    after["out/_meta.json"] = b'{"v": 2}'
+    assert not _rerun(tmp_path, before, after)
