@@ -439,6 +439,7 @@ def janitor(
                 older_than=parse_duration(older_than),
                 cluster_id=settings.cluster_id,
                 branch_pattern=branch_pattern,
+                keep_wap=settings.wap_keep_branch,
             )
             watch = (
                 parse_duration(lease_watch) if lease_watch is not None else takeover_watch(settings)

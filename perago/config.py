@@ -170,6 +170,13 @@ class Settings(BaseSettings):
         "fails the attempt terminally, naming them (a typo never goes unnoticed); `ignore` "
         "drops them. A params model's own `model_config['extra']` wins.",
     )
+    wap_keep_branch: bool = Field(
+        default=False,
+        description="Keep a write-audit-publish workflow's isolated branch "
+        "(`perago-wap-<workflow id>`) after it published, and the janitor keeps those of "
+        "failed workflows too, for inspection; unset: removed after publishing, and by the "
+        "janitor once the workflow failed or was terminated.",
+    )
     janitor_on_start: bool = Field(
         default=True,
         description="Run one janitor pass when a worker starts (staging branches of dead "

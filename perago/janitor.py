@@ -28,7 +28,8 @@ from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.lease import LeaseRecord
 from perago.errors import ConfigError
-from perago.orchestrator import AttemptLedger, TaskSnapshot
+from perago.lakefs_names import wap_prefix
+from perago.orchestrator import AttemptLedger, TaskSnapshot, WorkflowLedger
 from perago.publish.identity import staging_prefix
 from perago.store import VersionStore
 
@@ -76,10 +77,16 @@ def sweep(
     clock: Callable[[], float] = time.time,
     cluster_id: str = "",
     branch_pattern: str | None = None,
+    keep_wap: bool = False,
 ) -> JanitorReport:
     """Remove the staging branches of ``cluster_id`` whose attempts are over (optionally only
-    those matching the glob ``branch_pattern``)."""
+    those matching the glob ``branch_pattern``), and the isolated branches of its
+    write-audit-publish workflows that ended (unless ``keep_wap``)."""
     report = JanitorReport()
+    if isinstance(ledger, WorkflowLedger):
+        _sweep_wap(
+            store, ledger, repositories, cluster_id, branch_pattern, keep_wap, dry_run, report
+        )
     prefix = staging_prefix(cluster_id)
     for repo in repositories:
         for branch, _ in store.list_branches(repo, prefix=prefix):
@@ -102,6 +109,40 @@ def sweep(
                 dry_run=dry_run,
             )
     return report
+
+
+#: Workflow states in which a write-audit-publish branch is still in use.
+_LIVE_WORKFLOW = frozenset({"RUNNING", "PAUSED"})
+
+
+def _sweep_wap(
+    store: VersionStore,
+    ledger: WorkflowLedger,
+    repositories: Iterable[str],
+    cluster_id: str,
+    branch_pattern: str | None,
+    keep: bool,
+    dry_run: bool,
+    report: JanitorReport,
+) -> None:
+    prefix = wap_prefix(cluster_id)
+    for repo in repositories:
+        for branch, _ in store.list_branches(repo, prefix=prefix):
+            if branch_pattern and not fnmatch.fnmatchcase(branch, branch_pattern):
+                continue
+            status = ledger.workflow_status(branch.removeprefix(prefix))
+            if status in _LIVE_WORKFLOW:
+                report.kept.append((repo, branch, f"workflow {status}"))
+                continue
+            if keep:
+                report.kept.append((repo, branch, "kept for inspection (PERAGO_WAP_KEEP_BRANCH)"))
+                continue
+            reason = f"workflow {status}" if status else "workflow unknown to Conductor"
+            if not dry_run:
+                store.delete_branch(repo, branch)
+                metrics.JANITOR_REMOVALS.labels("wap_branch").inc()
+            report.removed.append((repo, branch, reason))
+            log.info("janitor_removed", repository=repo, wap_branch=branch, reason=reason)
 
 
 def takeover_watch(settings: Settings) -> timedelta:

@@ -20,6 +20,8 @@ __all__ = [
     "scoped_branch_name",
     "staging_branch_name",
     "staging_prefix",
+    "wap_branch_name",
+    "wap_prefix",
 ]
 
 #: Prefix of every commit metadata key Perago writes (``perago.workflow_id``, ...).
@@ -63,3 +65,13 @@ def scoped_branch_name(staging_branch: str) -> str:
 def replaced_tag(commit_id: str, retry_count: int) -> str:
     """The tag that keeps a head reachable after a hard-reset replacement moved past it."""
     return f"perago-replaced-{commit_id[:16]}-r{retry_count}"
+
+
+def wap_prefix(cluster_id: str = "") -> str:
+    """Where the isolated branches of write-audit-publish workflows start."""
+    return f"perago-{cluster_id}-wap-" if cluster_id else "perago-wap-"
+
+
+def wap_branch_name(workflow_id: str, cluster_id: str = "") -> str:
+    """A workflow's isolated branch (visible: users look at it while the workflow runs)."""
+    return f"{wap_prefix(cluster_id)}{_SAFE.sub('_', workflow_id)}"

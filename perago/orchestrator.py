@@ -8,7 +8,7 @@ The worker, the runner, the fences and the janitor talk to these types only;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from perago.coord.branch_leases import HeldLease
@@ -20,6 +20,7 @@ __all__ = [
     "Outcome",
     "Status",
     "TaskSnapshot",
+    "WorkflowLedger",
     "WorkflowStep",
 ]
 
@@ -85,6 +86,16 @@ class AttemptLedger(Protocol):
     """Where the truth about attempts lives: the read the attempt fence and janitor need."""
 
     def get_task(self, task_id: str) -> TaskSnapshot | None: ...
+
+
+@runtime_checkable
+class WorkflowLedger(Protocol):
+    """What the janitor needs to judge a write-audit-publish branch: its workflow's state."""
+
+    def workflow_status(self, workflow_id: str) -> str | None:
+        """``RUNNING``, ``PAUSED``, ``COMPLETED``, ``FAILED``, ``TIMED_OUT``, ``TERMINATED``;
+        None if the orchestrator does not know the workflow."""
+        ...
 
 
 class Orchestrator(AttemptLedger, Protocol):

@@ -72,7 +72,16 @@ def register(
     tasks: Sequence[TaskDefinition[Any, Any]],
     workflows: Sequence[dict[str, Any]] = (),
 ) -> None:
-    """Upsert task definitions, then workflows; a workflow naming an unknown task is an error."""
+    """Upsert task definitions, then workflows; a workflow naming an unknown task is an error.
+
+    The built-in write-audit-publish tasks (``perago.wap``) are added when a workflow uses
+    them (their workers must still list ``perago.wap`` among their modules)."""
+    used = {name for wf in workflows for name, _ in worker_tasks(wf["tasks"])}
+    given = {t.name for t in tasks}
+    from perago import wap
+
+    builtin = [t for t in (wap.perago_wap_begin, wap.perago_wap_publish) if t.name in used]
+    tasks = [*tasks, *(t for t in builtin if t.name not in given)]
     if tasks:
         conductor.register_tasks(tasks)
     known = {t.name for t in tasks}

@@ -6,6 +6,7 @@ the failure matrix of docs/protocol.md.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,9 +32,11 @@ from perago.errors import (
     WorkerShutdown,
 )
 from perago.failure_text import describe
+from perago.lakefs_names import wap_branch_name
 from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.publish.fences import check_attempt
 from perago.publish.joins import check_contains
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
@@ -273,6 +276,8 @@ class AttemptRunner:
 
     def _run_checked(self, attempt: RunningAttempt) -> Outcome:
         try:
+            if attempt.defn.system:
+                return self._run_system(attempt)
             if attempt.defn.workspace.in_place:
                 return self._run_in_place(attempt)
             return self._run_local(attempt)
@@ -300,6 +305,59 @@ class AttemptRunner:
                 terminal=failure is not caught,
             )
             return outcome_of(failure, where=attempt.step)
+
+    def _run_system(self, attempt: RunningAttempt) -> Outcome:
+        """The write-audit-publish tasks (``perago.wap``): branch work, no body."""
+        from perago import wap
+
+        me, source = attempt.identity, attempt.resolved_target()
+        repo = source.repository
+        check_attempt(self._ledger, me, worker_id=self._settings.worker_id)
+        if attempt.defn.system == wap.BEGIN:
+            attempt.step = Phase.STAGE
+            branch = wap_branch_name(me.workflow_id, self._settings.cluster_id)
+            with contextlib.suppress(NotFoundError):  # an earlier try of this begin made it
+                self._store.delete_branch(repo, branch)
+            self._store.create_branch(repo, branch, source.input_ref)
+            log.info("wap_branch_created", wap_branch=branch, base=source.input_ref)
+            result = wap.BeginResult(
+                target_branch=source.branch, base=source.input_ref, wap_branch=branch
+            )
+            return self._completed(
+                WorkspaceTarget(repo, branch, source.input_ref), source.input_ref, result
+            )
+        params = attempt.params
+        assert isinstance(params, wap.PublishParams)
+        attempt.step = Phase.PUBLISH
+        try:
+            self._store.get_commit(repo, params.base)
+        except NotFoundError as e:
+            raise GuardrailError(
+                f"write-audit-publish: base {params.base!r} does not exist in {repo!r}; pass "
+                '"${<begin step>.output.result.base}"'
+            ) from e
+        target = WorkspaceTarget(repo, params.target_branch, params.base)
+        wap_target = replace(me, scope="")  # the whole branch: exclusive, like a serial step
+        try:
+            with self._publisher.lease_for_report() as kept:
+                ref = self._publisher.publish_branch(wap_target, target, source.input_ref)
+        except PublishFenceError as e:
+            raise PublishFenceError(
+                f"write-audit-publish: {e.message}. The target {params.target_branch!r} moved "
+                f"since the workflow began at {params.base[:12]}; nothing was published and the "
+                f"isolated branch {source.branch!r} is kept: re-run the workflow",
+                non_retryable=True,
+            ) from e
+        keep = self._settings.wap_keep_branch
+        if not keep:
+            with contextlib.suppress(NotFoundError):
+                self._store.delete_branch(repo, source.branch)
+        log.info("wap_published", ref=ref, wap_branch=source.branch, kept=keep)
+        changes = len(self._store.diff_refs(repo, params.base, ref)) if ref != params.base else 0
+        done = wap.PublishResult(
+            published=ref != params.base, changes=changes, wap_branch_kept=keep
+        )
+        return self._completed(target, ref, done, kept.lease)
 
     def _run_local(self, attempt: RunningAttempt) -> Outcome:
         """Local projection: download the prefix, run, diff, stage, publish."""

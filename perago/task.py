@@ -152,6 +152,8 @@ class TaskDefinition(Generic[P, R]):
     result_type: type[R]
     options: TaskOptions = field(default_factory=TaskOptions)
     wants_spark: bool = False
+    #: A task the worker runs itself (``perago.wap``), not a body: its name, else "".
+    system: str = ""
 
     def __call__(self, workspace: Any, params: P, **kwargs: Any) -> R:
         """Call the body directly (handy in unit tests): no lakeFS, no Conductor."""

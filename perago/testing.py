@@ -299,6 +299,20 @@ class MemoryStore:
             for p in paths:
                 staged[p] = None
 
+    def diff_refs(self, repository: str, left: str, right: str) -> list[tuple[str, str]]:
+        a, b = self.tree(repository, left), self.tree(repository, right)
+        out = [("removed", p) for p in a if p not in b]
+        out += [("added", p) for p in b if p not in a]
+        out += [("changed", p) for p in b if p in a and a[p] != b[p]]
+        return sorted(out, key=lambda change: change[1])
+
+    def copy_object(self, repository: str, source_ref: str, path: str, branch: str) -> None:
+        data = self.tree(repository, source_ref).get(path)
+        if data is None:
+            raise NotFoundError(f"{path} not found on {source_ref}", status=404)
+        with self._lock:
+            self._repo(repository).staged[branch][path] = data
+
     def has_uncommitted(self, repository: str, branch: str) -> bool:
         with self._lock:
             return bool(self._repo(repository).staged.get(branch))
@@ -405,6 +419,8 @@ class StubOrchestrator:
         self.updates: list[Update] = []
         self.gets: list[str] = []
         self.polled_domains: set[tuple[str, str | None]] = set()
+        #: Workflow states a test sets; others are derived from the workflow's tasks.
+        self.workflow_statuses: dict[str, str] = {}
         self._tasks: dict[str, _Task] = {}
         self._queues: dict[str, deque[str]] = {}
         self._faults: list[_Fault] = []
@@ -529,6 +545,22 @@ class StubOrchestrator:
         """The outcome the task ended with (None while it runs, or when it timed out)."""
         with self._cond:
             return self._tasks[task_id].outcome
+
+    def workflow_status(self, workflow_id: str) -> str | None:
+        if workflow_id in self.workflow_statuses:
+            return self.workflow_statuses[workflow_id]
+        with self._cond:
+            tasks = [
+                t.snapshot for t in self._tasks.values() if t.snapshot.workflow_id == workflow_id
+            ]
+        if not tasks:
+            return None
+        if not all(t.terminal for t in tasks):
+            return "RUNNING"
+        last: dict[str, TaskSnapshot] = {}
+        for t in sorted(tasks, key=lambda t: (t.retry_count, t.poll_count)):
+            last[t.reference_name] = t
+        return "COMPLETED" if all(t.status == "COMPLETED" for t in last.values()) else "FAILED"
 
     def attempts(self, workflow_id: str, reference_name: str | None = None) -> list[TaskSnapshot]:
         """Every task of a workflow (step), in the order they were scheduled."""

@@ -174,6 +174,7 @@ class Worker:
                 self._orchestrator,
                 repositories=repositories,
                 cluster_id=self._settings.cluster_id,
+                keep_wap=self._settings.wap_keep_branch,
             )
             log.info("janitor_pass_done", removed=len(report.removed), kept=len(report.kept))
             if self._leases is not None:

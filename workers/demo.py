@@ -29,8 +29,10 @@ from perago.workspace import upload_all
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "workers.orders.tasks"
-WORKFLOW = "orders_fanout"
-STEPS = ("clean", "summary", "revenue", "report")
+WORKFLOW = "orders_wap"
+STEPS = ("begin", "clean", "summary", "revenue", "audit", "publish")
+#: The audit's limit on dropped rows in the second, failing run (the data has about 2%).
+STRICT = 0.001
 
 
 def main() -> int:
@@ -71,13 +73,15 @@ def main() -> int:
     )
 
     register(
-        conductor, discover([MODULE, "workers.smoke.tasks"]), load_workflows(ROOT / "workflows")
+        conductor,
+        discover([MODULE, "workers.smoke.tasks", "perago.wap"]),
+        load_workflows(ROOT / "workflows"),
     )
     log_path = info.stack_dir / "logs" / f"demo-worker-{repo}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log_file:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "perago", "worker", MODULE, "--concurrency", "2"],
+            [sys.executable, "-m", "perago", "worker", MODULE, "perago.wap", "--concurrency", "2"],
             cwd=ROOT,
             env={**env, "PERAGO_SPARK_MASTER": env.get("PERAGO_SPARK_MASTER", "local[2]")},
             stdout=log_file,
@@ -87,6 +91,26 @@ def main() -> int:
             t0 = time.monotonic()
             wf = _run_workflow(console, conductor, repo)
             phase("workflow", t0)
+            if wf.get("status") == "COMPLETED":
+                # Write-audit-publish, shown failing: a stricter audit on the new head; the
+                # workflow must fail and main must not move.
+                t0 = time.monotonic()
+                published = store.branch_head(repo, "main")
+                strict = _run_workflow(console, conductor, repo, max_bad_ratio=STRICT)
+                phase("failing audit", t0)
+                untouched = store.branch_head(repo, "main") == published
+                if strict.get("status") != "FAILED" or not untouched:
+                    console.print("[red]the failing audit did not leave main untouched[/red]")
+                    return 1
+                reason = [
+                    t.get("reasonForIncompletion", "")
+                    for t in strict.get("tasks", [])
+                    if t.get("referenceTaskName") == "audit"
+                ][-1:]
+                console.print(
+                    f"write-audit-publish: a second run with max_bad_ratio={STRICT} failed its "
+                    f"audit ({(reason or ['?'])[0][:160]}); main is untouched at {published[:12]}"
+                )
         finally:
             worker.terminate()
             try:
@@ -108,9 +132,12 @@ def main() -> int:
     return 0
 
 
-def _run_workflow(console: Console, conductor: ConductorClient, repo: str) -> dict[str, Any]:
+def _run_workflow(
+    console: Console, conductor: ConductorClient, repo: str, *, max_bad_ratio: float = 0.05
+) -> dict[str, Any]:
     workflow_id = conductor.start_workflow(
-        WORKFLOW, {"workspace": {"repository": repo, "branch": "main"}}
+        WORKFLOW,
+        {"workspace": {"repository": repo, "branch": "main"}, "max_bad_ratio": max_bad_ratio},
     )
     deadline = time.monotonic() + 900
     with console.status("running the workflow...") as status:

@@ -567,6 +567,14 @@ class ConductorClient:
         )
         return dict(result or {})
 
+    def workflow_status(self, workflow_id: str) -> str | None:
+        try:
+            return str(self.get_workflow(workflow_id, include_tasks=False).get("status") or "")
+        except OrchestratorError as e:
+            if e.status == 404:
+                return None
+            raise
+
     def workflow_run(self, workflow_id: str) -> WorkflowRun:
         return WorkflowRun.from_json(self.get_workflow(workflow_id))
 

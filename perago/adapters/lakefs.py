@@ -412,6 +412,39 @@ class LakeFSStore:
                 return
             after = page.pagination.next_offset
 
+    def diff_refs(self, repository: str, left: str, right: str) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        after = ""
+        while True:
+            page = self._diff_page(repository, left, right, after)
+            out += [(str(d.type), str(d.path)) for d in page.results if d.path_type == "object"]
+            if not page.pagination.has_more:
+                return out
+            after = page.pagination.next_offset
+
+    @_retry_idempotent
+    def _diff_page(self, repository: str, left: str, right: str, after: str) -> Any:
+        return self._call(
+            f"diff {repository} {left}..{right}",
+            self.refs.diff_refs,
+            repository,
+            left,
+            right,
+            after=after or None,
+            amount=1000,
+        )
+
+    @_retry_idempotent
+    def copy_object(self, repository: str, source_ref: str, path: str, branch: str) -> None:
+        self._call(
+            f"copy {repository}@{source_ref}/{path} to {branch}",
+            self.objects.copy_object,
+            repository,
+            branch,
+            path,
+            lakefs_sdk.ObjectCopyCreation(src_path=path, src_ref=source_ref),
+        )
+
     @_retry_idempotent
     def _list_page(self, repository: str, ref: str, prefix: str, after: str) -> Any:
         return self._call(

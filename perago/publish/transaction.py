@@ -117,6 +117,31 @@ class Publisher:
         finally:
             self.cancel(target.repository, staging_branch_name(me))
 
+    def publish_branch(self, me: AttemptIdentity, target: WorkspaceTarget, source: str) -> str:
+        """Publish onto ``target`` everything ``source`` (a ref of a write-audit-publish
+        branch) changed since the input ref, as one publication of this attempt: the change
+        is staged on the attempt's own staging branch and goes through the same fences,
+        branch lease and Confirm as any step's (``docs/protocol.md``, write-audit-publish)."""
+        self._fence(me, 1)
+        repo = target.repository
+        changes = self._store.diff_refs(repo, target.input_ref, source)
+        if not changes:
+            return self._confirm_noop(me, target)
+        try:
+            branch = self._create_staging_branch(me, target)
+            removed = [path for kind, path in changes if kind == "removed"]
+            for kind, path in changes:
+                if kind != "removed":
+                    self._store.copy_object(repo, source, path, branch)
+            if removed:
+                self._store.delete_objects(repo, branch, removed)
+            log.info("wap_changes_staged", source=source, changes=len(changes))
+            return self._commit_and_confirm(
+                me, target, branch, changed=len(changes) - len(removed), deleted=len(removed)
+            )
+        finally:
+            self.cancel(repo, staging_branch_name(me))
+
     def open_in_place(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
         """Create the staging branch an in-place body writes to (through the S3 gateway)."""
         branch = self._create_staging_branch(me, target)

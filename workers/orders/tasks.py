@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from perago import TaskError, WorkspaceSpec, task
 
@@ -118,6 +118,15 @@ def orders_daily_revenue(workspace: Path, params: RevenueParams, spark: Any) -> 
 class ReportParams(BaseModel):
     max_bad_ratio: float = 0.05
 
+    @field_validator("max_bad_ratio", mode="before")
+    @classmethod
+    def _default_when_null(cls, value: object) -> object:
+        # A workflow input left out arrives as null: the default limit applies.
+        return 0.05 if value is None else value
+
+    #: As an audit (write-audit-publish): a failed check fails the task, so nothing publishes.
+    require_pass: bool = False
+
 
 class ReportResult(BaseModel):
     clean_rows: int
@@ -148,6 +157,14 @@ def orders_quality_report(workspace: Path, params: ReportParams, spark: Any) -> 
         "bad_ratio_within_limit": raw_rows > 0
         and (raw_rows - clean_rows) / raw_rows <= params.max_bad_ratio,
     }
+    if params.require_pass and not all(checks.values()):
+        failed = sorted(name for name, ok in checks.items() if not ok)
+        raise TaskError(
+            f"quality checks failed: {', '.join(failed)} ({raw_rows - clean_rows} of {raw_rows} "
+            f"raw rows dropped, limit {params.max_bad_ratio:.2%}); nothing is published. Fix the "
+            "data or the limit and re-run the workflow",
+            non_retryable=True,
+        )
     return ReportResult(
         clean_rows=clean_rows,
         revenue_rows=revenue.count(),

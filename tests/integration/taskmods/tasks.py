@@ -79,6 +79,7 @@ def write(workspace: Path, params: WriteParams) -> WriteResult:
 
 class ReadParams(BaseModel):
     scribble: bool = False
+    require: dict[str, str] = Field(default_factory=dict)  # an audit: these files, this text
 
 
 class ReadResult(BaseModel):
@@ -100,6 +101,9 @@ def read(workspace: Path, params: ReadParams) -> ReadResult:
     }
     if params.scribble:
         (workspace / "scribble.txt").write_text("discarded")
+    wrong = {k: files.get(k) for k, v in params.require.items() if files.get(k) != v}
+    if wrong:
+        raise TaskError(f"audit failed: {wrong}", non_retryable=True)
     return ReadResult(files=files)
 
 
