@@ -102,14 +102,15 @@ def main() -> int:
                 if strict.get("status") != "FAILED" or not untouched:
                     console.print("[red]the failing audit did not leave main untouched[/red]")
                     return 1
-                reason = [
-                    t.get("reasonForIncompletion", "")
+                reasons = [
+                    str(t.get("reasonForIncompletion", ""))
                     for t in strict.get("tasks", [])
                     if t.get("referenceTaskName") == "audit"
-                ][-1:]
+                ]
+                why = reasons[-1][:300] if reasons else "?"
                 console.print(
                     f"write-audit-publish: a second run with max_bad_ratio={STRICT} failed its "
-                    f"audit ({(reason or ['?'])[0][:160]}); main is untouched at {published[:12]}"
+                    f"audit ({why}); main is untouched at {published[:12]}"
                 )
         finally:
             worker.terminate()
