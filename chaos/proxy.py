@@ -1,6 +1,6 @@
 """Toxiproxy between the workers and each server: latency, bandwidth, resets, timeouts.
 
-The server is built from the Go module proxy (``deploy/local/toxiproxy``, cached in
+The server is built from the Go module proxy (``perago/dev/recipes/toxiproxy``, cached in
 ``.stack/bin``, built on demand like Helm) and driven over its HTTP API.
 """
 

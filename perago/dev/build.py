@@ -379,14 +379,14 @@ def build(*, progress: bool = False, helm: bool = False, webui: bool = True) -> 
 
 
 def build_helm(*, progress: bool = False) -> Path:
-    """Helm built from ``deploy/local/helm`` (cached like lakectl); its path."""
+    """Helm built from ``perago/dev/recipes/helm`` (cached like lakectl); its path."""
     paths = stack_paths()
     paths.make()
     return _build_go_binary(paths, "helm", progress=progress)
 
 
 def build_toxiproxy(*, progress: bool = False) -> Path:
-    """Toxiproxy's server built from ``deploy/local/toxiproxy`` (cached like Helm); its path."""
+    """Toxiproxy's server from ``perago/dev/recipes/toxiproxy`` (cached like Helm); its path."""
     paths = stack_paths()
     paths.make()
     return _build_go_binary(paths, "toxiproxy", progress=progress)

@@ -1,9 +1,13 @@
-"""Where the local stack lives: binaries, jars, data, pids and logs under one git-ignored folder.
+"""Where the local stack lives: binaries, jars, data, pids and logs under one folder.
 
-::
+The build recipes ship inside the package (``perago/dev/recipes/``: the Go wrapper modules of
+lakeFS, lakectl, Helm and Toxiproxy, the Maven poms of Conductor and DynamoDB Local), so a
+pip-installed Perago builds and runs the stack as a checkout does. The stack folder is
+``PERAGO_STACK_DIR``; else ``<checkout>/.stack`` in a source checkout (git-ignored), else a
+per-user cache folder (``$XDG_CACHE_HOME/perago/stack``, ``~/.cache/perago/stack``)::
 
-    .stack/bin/{lakefs,lakectl,helm}     built from deploy/local/{lakefs,lakectl,helm}
-    .stack/conductor/*.jar               fetched with deploy/local/conductor/pom.xml
+    .stack/bin/{lakefs,lakectl,helm}     built from recipes/{lakefs,lakectl,helm}
+    .stack/conductor/*.jar               fetched with recipes/conductor/pom.xml
     .stack/data/{lakefs,conductor}       server state (``perago dev down --wipe`` deletes it)
     .stack/run/{lakefs,conductor}.pid    the processes ``up`` started, plus lakefs.yaml
     .stack/logs/*.log                    server and build output
@@ -18,29 +22,39 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from perago.errors import StackError
-
-__all__ = ["SERVICES", "StackPaths", "find_project_root", "stack_paths"]
+__all__ = [
+    "RECIPES",
+    "SERVICES",
+    "StackPaths",
+    "find_project_root",
+    "stack_paths",
+    "user_stack_dir",
+]
 
 #: Start order; ``down`` stops in reverse.
 SERVICES = ("lakefs", "conductor")
 
-_NO_CHECKOUT = (
-    "perago dev needs a Perago source checkout (deploy/local not found); "
-    "set PERAGO_STACK_DIR and run from the checkout"
-)
+#: The build recipes, shipped as package data.
+RECIPES = Path(__file__).resolve().parent / "recipes"
 
 
 def _is_root(path: Path) -> bool:
-    return (path / "deploy" / "local").is_dir()
+    """A Perago source checkout: its package and its project file side by side."""
+    return (path / "perago" / "dev" / "recipes").is_dir() and (path / "pyproject.toml").is_file()
 
 
 def find_project_root(candidates: Iterable[Path] | None = None) -> Path | None:
-    """The checkout holding ``deploy/local``: the editable install's folder, else cwd upwards."""
+    """The source checkout: the editable install's folder, else the current folder or above;
+    None for an installed package used from one's own project."""
     if candidates is None:
         cwd = Path.cwd().resolve()
         candidates = [Path(__file__).resolve().parents[2], cwd, *cwd.parents]
     return next((c for c in candidates if _is_root(c)), None)
+
+
+def user_stack_dir(env: Mapping[str, str]) -> Path:
+    cache = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(cache).expanduser() / "perago" / "stack"
 
 
 @dataclass(frozen=True)
@@ -52,10 +66,8 @@ class StackPaths:
 
     @property
     def deploy(self) -> Path:
-        """``deploy/local``: only building needs the checkout."""
-        if self.root is None:
-            raise StackError(_NO_CHECKOUT)
-        return self.root / "deploy" / "local"
+        """The build recipes (package data)."""
+        return RECIPES
 
     @property
     def bin(self) -> Path:
@@ -101,12 +113,13 @@ class StackPaths:
 
 
 def stack_paths(env: Mapping[str, str] | None = None) -> StackPaths:
-    """The stack folder: ``PERAGO_STACK_DIR``, else ``<checkout>/.stack``."""
+    """The stack folder: ``PERAGO_STACK_DIR``, else ``<checkout>/.stack``, else the user's
+    cache folder (an installed package used from another project)."""
     env = os.environ if env is None else env
     root = find_project_root()
     override = env.get("PERAGO_STACK_DIR")
     if override:
         return StackPaths(root=root, stack=Path(override).expanduser().resolve())
     if root is None:
-        raise StackError(_NO_CHECKOUT)
+        return StackPaths(root=None, stack=user_stack_dir(env))
     return StackPaths(root=root, stack=root / ".stack")

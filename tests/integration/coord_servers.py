@@ -1,7 +1,7 @@
 """Session fixtures for the coordination backends' servers: moto (S3) and DynamoDB Local.
 
 Both run as child processes on free loopback ports and are stopped at session end. DynamoDB
-Local is fetched once from Maven Central (``deploy/local/dynamodb/pom.xml``) into
+Local is fetched once from Maven Central (``perago/dev/recipes/dynamodb/pom.xml``) into
 ``<stack dir>/dynamodb`` and reused. Without a server the tests skip on a laptop but fail
 when ``CI`` is set.
 """
@@ -103,7 +103,7 @@ def _stack_dir() -> Path:
 def dynamodb_local_dir() -> Path:
     """The DynamoDB Local jars and native library, fetched once (keyed by the pom's hash)."""
     root = Path(__file__).resolve().parents[2]
-    pom = root / "deploy" / "local" / "dynamodb" / "pom.xml"
+    pom = root / "perago" / "dev" / "recipes" / "dynamodb" / "pom.xml"
     target = _stack_dir() / "dynamodb"
     stamp = target / ".stamp"
     digest = hashlib.sha256(pom.read_bytes()).hexdigest()

@@ -1,6 +1,6 @@
 """The worker chart (deploy/helm/perago-worker) rendered and linted by a real Helm.
 
-Helm is built from the pinned Go module (deploy/local/helm) on first use and cached in
+Helm is built from the pinned Go module (perago/dev/recipes/helm) on first use and cached in
 ``.stack/bin/helm``; nothing here needs a cluster or the lakeFS/Conductor stack (no test
 asks for ``stack_env``). Without Go the tests skip on a laptop and fail under ``CI``.
 """
@@ -151,7 +151,9 @@ VARIANTS: dict[str, dict[str, object]] = {
 
 
 def test_helm_is_the_pinned_version(helm: Path, helm_env: dict[str, str]) -> None:
-    pinned = re.search(r"helm\.sh/helm/v3 (v\S+)", (ROOT / "deploy/local/helm/go.mod").read_text())
+    pinned = re.search(
+        r"helm\.sh/helm/v3 (v\S+)", (ROOT / "perago/dev/recipes/helm/go.mod").read_text()
+    )
     assert pinned is not None
     done = _helm(helm, helm_env, "version", "--short")
     assert done.returncode == 0, done.stderr

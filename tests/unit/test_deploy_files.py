@@ -27,8 +27,8 @@ def _pin(path: str, pattern: str) -> str:
 
 def test_compose_runs_the_versions_the_local_stack_pins() -> None:
     services = _compose()["services"]
-    lakefs = _pin("deploy/local/lakefs/go.mod", r"github\.com/treeverse/lakefs v(\S+)")
-    conductor = _pin("deploy/local/conductor/pom.xml", r"<conductor\.version>(.+?)<")
+    lakefs = _pin("perago/dev/recipes/lakefs/go.mod", r"github\.com/treeverse/lakefs v(\S+)")
+    conductor = _pin("perago/dev/recipes/conductor/pom.xml", r"<conductor\.version>(.+?)<")
     assert services["lakefs"]["image"] == f"treeverse/lakefs:{lakefs}"
     assert services["conductor"]["image"] == f"conductoross/conductor:{conductor}"
 

@@ -29,8 +29,9 @@ def _jdk(base: Path, name: str, version: str, *, java: bool = True) -> Path:
 # -- paths -------------------------------------------------------------------------------------
 
 
-def test_project_root_is_the_folder_holding_deploy_local(tmp_path: Path) -> None:
-    (tmp_path / "deploy" / "local").mkdir(parents=True)
+def test_project_root_is_the_source_checkout(tmp_path: Path) -> None:
+    (tmp_path / "perago" / "dev" / "recipes").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text("")
     nested = tmp_path / "a" / "b"
     nested.mkdir(parents=True)
     assert paths.find_project_root([nested, *nested.parents]) == tmp_path
@@ -45,9 +46,18 @@ def test_stack_dir_defaults_to_the_checkout_and_follows_the_override(tmp_path: P
     assert moved.pid_file("lakefs") == tmp_path / "s" / "run" / "lakefs.pid"
 
 
-def test_building_without_a_checkout_says_what_to_do(tmp_path: Path) -> None:
-    with pytest.raises(StackError, match=r"deploy/local not found.*PERAGO_STACK_DIR"):
-        _ = StackPaths(root=None, stack=tmp_path).deploy
+def test_an_installed_package_builds_from_its_own_recipes_into_the_user_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From one's own project (no checkout): the recipes are package data, the state goes to
+    the user's cache folder unless PERAGO_STACK_DIR says otherwise."""
+    monkeypatch.setattr(paths, "find_project_root", lambda candidates=None: None)
+    own = paths.stack_paths(env={"HOME": str(tmp_path)})
+    assert own.root is None and own.stack == tmp_path / ".cache" / "perago" / "stack"
+    xdg = paths.stack_paths(env={"XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert xdg.stack == tmp_path / "c" / "perago" / "stack"
+    for recipe in ("lakefs/go.mod", "lakefs/go.sum", "lakectl/main.go", "conductor/pom.xml"):
+        assert (own.deploy / recipe).is_file(), recipe
 
 
 # -- JDK discovery -------------------------------------------------------------------------------
