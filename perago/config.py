@@ -205,10 +205,27 @@ class Settings(BaseSettings):
         description="How much faster than a lease holder's clock another worker's clock may "
         "run; a dead holder's lease is taken over after `lease_ttl` times this.",
     )
-    spark_master: str = Field(
-        default="local[*]",
-        description="Spark master URL of the per-worker Spark session (`local[*]` runs the "
-        "driver and executors in the worker's pod).",
+    spark_master: str | None = Field(
+        default=None,
+        description="Spark master URL (`local[2]`, `spark://host:7077`, `k8s://...`) or Spark "
+        "Connect remote (`sc://host:15002`) of the worker's session. Unset: the user's Spark "
+        "configuration decides (`spark.master`/`spark.remote` in `PERAGO_SPARK_CONF`, "
+        "`SPARK_REMOTE`, `MASTER`, `spark-defaults.conf`), else `local[*]`; the log says which "
+        "was used and where it came from (`spark_session_started`).",
+    )
+    spark_shared_filesystem: bool = Field(
+        default=False,
+        description="Every Spark executor sees the worker's `PERAGO_WORK_DIR` at the same path "
+        "(a shared volume): local-projection Spark tasks may then run on a cluster master. "
+        "Unset: on a non-local master or Spark Connect they are refused (declare them "
+        "`in_place=True`).",
+    )
+    spark_jars_dir: Path | None = Field(
+        default=None,
+        description="Folder of the S3A connector's jars (hadoop-aws matching pyspark's Hadoop, "
+        "the AWS SDK bundle) for in-place tasks, fetched at build time: `perago dev env` sets "
+        "it to the stack's `spark-jars`, the worker image to `/opt/perago/spark-jars`. Unset: "
+        "`spark_s3a_package` is resolved through Ivy at the first in-place task.",
     )
     spark_conf: dict[str, str] = Field(
         default_factory=dict,

@@ -38,6 +38,7 @@ from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
 from perago.publish.joins import check_contains
+from perago.spark import spark_tag
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
@@ -359,8 +360,29 @@ class AttemptRunner:
         )
         return self._completed(target, ref, done, kept.lease)
 
+    def _refuse_projection_on_a_cluster(self, attempt: RunningAttempt) -> None:
+        """A local-projection Spark task hands executors paths on this worker's disk: only
+        right when they run here (local master) or share the disk (declared)."""
+        target = getattr(self._spark, "target", None)
+        if (
+            not attempt.defn.wants_spark
+            or target is None
+            or target.local
+            or self._settings.spark_shared_filesystem
+        ):
+            return
+        raise TaskError(
+            f"task {attempt.defn.name} reads and writes a local workspace, but Spark runs on "
+            f"{target.url} (from {target.source}), whose executors cannot see this worker's "
+            "disk. Declare the task WorkspaceSpec(..., in_place=True) (it then reads s3a:// "
+            "through lakeFS), or set PERAGO_SPARK_SHARED_FILESYSTEM=true if every executor "
+            "mounts PERAGO_WORK_DIR at the same path",
+            non_retryable=True,
+        )
+
     def _run_local(self, attempt: RunningAttempt) -> Outcome:
         """Local projection: download the prefix, run, diff, stage, publish."""
+        self._refuse_projection_on_a_cluster(attempt)
         attempt.step = Phase.MATERIALIZE
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
         with AttemptDirectory(self._settings.work_dir, me.task_id) as attempt_dir:
@@ -440,7 +462,19 @@ class AttemptRunner:
                         "provider; run it with `perago worker`",
                         non_retryable=True,
                     )
-                return defn.fn(workspace, params, spark=self._spark())
+                session = self._spark()
+                # This attempt's Spark jobs carry its tag, so a drain interrupts them and
+                # no other attempt's (SparkSessions.interrupt).
+                tag = spark_tag(attempt.identity.task_id)
+                tagging = hasattr(session, "addTag")
+                if tagging:
+                    session.addTag(tag)
+                try:
+                    return defn.fn(workspace, params, spark=session)
+                finally:
+                    if tagging:
+                        with contextlib.suppress(Exception):  # a dead JVM: nothing to untag
+                            session.removeTag(tag)
             return defn.fn(workspace, params)
 
     @staticmethod

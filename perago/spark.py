@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +20,59 @@ from perago.config import Settings
 from perago.errors import ConfigError
 from perago.failure_text import describe
 
-__all__ = ["SparkSessions", "s3a_conf"]
+__all__ = ["SparkSessions", "SparkTarget", "s3a_conf", "s3a_jars", "spark_tag", "spark_target"]
 
 log = structlog.get_logger("perago.spark")
 
 
-def s3a_conf(settings: Settings) -> dict[str, str]:
-    """Spark settings that route ``s3a://<repo>/<ref>/<path>`` to the lakeFS S3 gateway."""
+def s3a_jars(settings: Settings) -> list[Path]:
+    """The S3A connector's jars fetched at build time (``perago dev build`` puts them in the
+    stack folder, the worker image in ``/opt/perago/spark-jars``), or [] if not configured."""
+    folder = settings.spark_jars_dir
+    if folder is None:
+        return []
+    jars = sorted(folder.glob("*.jar"))
+    if not jars:
+        raise ConfigError(
+            f"PERAGO_SPARK_JARS_DIR={folder} holds no jars: run `perago dev build` (it fetches "
+            "hadoop-aws and the AWS SDK bundle with Maven) or point it at a folder that has them"
+        )
+    return jars
+
+
+def s3a_conf(settings: Settings, *, connect: bool = False) -> dict[str, str]:
+    """Spark settings that route ``s3a://<repo>/<ref>/<path>`` to the lakeFS S3 gateway.
+
+    Classic sessions get the connector's jars from ``PERAGO_SPARK_JARS_DIR`` (no network at
+    run time), else from Maven Central through Ivy on first use. A Spark Connect server must
+    carry the jars itself (``--jars``); the client sets the ``fs.s3a.*`` options as session
+    settings, which Spark applies to the Hadoop configuration of each read and write.
+    """
     endpoint = settings.lakefs_endpoint
-    return {
-        "spark.jars.packages": settings.spark_s3a_package,
-        "spark.jars.ivy": str(settings.spark_ivy_dir),
-        "spark.hadoop.fs.s3a.endpoint": endpoint,
-        "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
-        "spark.hadoop.fs.s3a.path.style.access": "true",
-        "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower(),
-        "spark.hadoop.fs.s3a.access.key": settings.lakefs_access_key_id,
-        "spark.hadoop.fs.s3a.secret.key": settings.lakefs_secret_access_key.get_secret_value(),
-        "spark.hadoop.fs.s3a.change.detection.mode": "none",
+    hadoop = {
+        "fs.s3a.endpoint": endpoint,
+        "fs.s3a.endpoint.region": "us-east-1",
+        "fs.s3a.path.style.access": "true",
+        "fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower(),
+        "fs.s3a.access.key": settings.lakefs_access_key_id,
+        "fs.s3a.secret.key": settings.lakefs_secret_access_key.get_secret_value(),
+        "fs.s3a.change.detection.mode": "none",
     }
+    if connect:
+        return hadoop
+    conf = {f"spark.hadoop.{k}": v for k, v in hadoop.items()}
+    jars = s3a_jars(settings)
+    if jars:
+        conf["spark.jars"] = ",".join(str(j) for j in jars)
+    else:
+        log.warning(
+            "spark_s3a_jars_from_ivy",
+            package=settings.spark_s3a_package,
+            hint="set PERAGO_SPARK_JARS_DIR to jars fetched at build time (perago dev build)",
+        )
+        conf["spark.jars.packages"] = settings.spark_s3a_package
+        conf["spark.jars.ivy"] = str(settings.spark_ivy_dir)
+    return conf
 
 
 #: log4j2 configuration of the driver JVM Perago starts: Spark's own warnings and errors
@@ -62,6 +98,71 @@ def _log4j2_config() -> Path:
         tmp.write_text(_LOG4J2)
         os.replace(tmp, path)
     return path
+
+
+@dataclass(frozen=True)
+class SparkTarget:
+    """Where the worker's Spark session runs, and who said so."""
+
+    #: ``local[*]``-style master, ``spark://...``/``k8s://...``/``yarn`` master, or an
+    #: ``sc://`` Spark Connect remote.
+    url: str
+    #: Where it came from: ``PERAGO_SPARK_MASTER``, ``PERAGO_SPARK_CONF``, ``SPARK_REMOTE``,
+    #: ``MASTER``, ``spark-defaults.conf (<path>)`` or ``Perago's default``.
+    source: str
+
+    @property
+    def connect(self) -> bool:
+        return self.url.startswith("sc://")
+
+    @property
+    def local(self) -> bool:
+        """Driver and executors in the worker's own process tree (they share its disk)."""
+        return self.url.startswith("local")
+
+
+def _defaults_conf(env: Mapping[str, str]) -> Path | None:
+    folder = env.get("SPARK_CONF_DIR") or (
+        str(Path(env["SPARK_HOME"]) / "conf") if env.get("SPARK_HOME") else None
+    )
+    path = Path(folder) / "spark-defaults.conf" if folder else None
+    return path if path is not None and path.is_file() else None
+
+
+def _from_defaults(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text().splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and not parts[0].startswith("#"):
+            found[parts[0]] = parts[1].strip()
+    return found
+
+
+def spark_target(settings: Settings, env: Mapping[str, str] | None = None) -> SparkTarget:
+    """The master or remote the session uses: Perago's own setting if given, else the
+    user's Spark configuration (``PERAGO_SPARK_CONF``, ``SPARK_REMOTE``, ``MASTER``,
+    ``spark-defaults.conf``), else ``local[*]``: Perago's default only fills a gap."""
+    env = os.environ if env is None else env
+    if settings.spark_master:
+        return SparkTarget(settings.spark_master, "PERAGO_SPARK_MASTER")
+    for key in ("spark.remote", "spark.master"):
+        if settings.spark_conf.get(key):
+            return SparkTarget(settings.spark_conf[key], f"PERAGO_SPARK_CONF ({key})")
+    for name in ("SPARK_REMOTE", "MASTER"):
+        if env.get(name):
+            return SparkTarget(env[name], name)
+    path = _defaults_conf(env)
+    if path is not None:
+        defaults = _from_defaults(path)
+        for key in ("spark.remote", "spark.master"):
+            if defaults.get(key):
+                return SparkTarget(defaults[key], f"spark-defaults.conf ({path})")
+    return SparkTarget("local[*]", "Perago's default")
+
+
+def spark_tag(task_id: str) -> str:
+    """The job tag of one attempt's Spark work (tags allow no commas)."""
+    return "perago-" + task_id.replace(",", "_")
 
 
 class SparkSessions:
@@ -102,30 +203,45 @@ class SparkSessions:
                 "perago-runtime[spark]"
             ) from e
 
-        master = self._settings.spark_master
+        target = self.target
+        conf = dict(self._settings.spark_conf)
         builder = SparkSession.builder.appName("perago-worker")
-        if master.startswith("sc://"):
-            builder = builder.remote(master)
-        else:
-            builder = builder.master(master).config("spark.ui.enabled", "false")
-            if master.startswith("local"):
-                builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
-                    "spark.driver.host", "127.0.0.1"
-                )
-            if "spark.driver.extraJavaOptions" not in self._settings.spark_conf:
-                # The driver JVM's own log: warnings, stack traces cut to a few lines.
-                builder = builder.config(
-                    "spark.driver.extraJavaOptions",
-                    f"-Dlog4j2.configurationFile=file:{_log4j2_config()}",
-                )
+        if target.source.startswith("PERAGO_"):
+            # Perago's own setting: say it explicitly. Otherwise leave the master alone, so
+            # spark-defaults.conf, MASTER and SPARK_REMOTE keep meaning what they mean.
+            builder = builder.remote(target.url) if target.connect else builder.master(target.url)
+        elif target.source == "Perago's default":
+            builder = builder.master(target.url)
+        if not target.connect:
+            # Static settings of the driver JVM Perago starts (Connect's server has its own).
+            conf.setdefault("spark.ui.enabled", "false")
+            if target.local:
+                conf.setdefault("spark.driver.bindAddress", "127.0.0.1")
+                conf.setdefault("spark.driver.host", "127.0.0.1")
+            # The driver JVM's own log: warnings, stack traces cut to a few lines.
+            conf.setdefault(
+                "spark.driver.extraJavaOptions",
+                f"-Dlog4j2.configurationFile=file:{_log4j2_config()}",
+            )
         if self._s3a:
-            for key, value in s3a_conf(self._settings).items():
+            for key, value in s3a_conf(self._settings, connect=target.connect).items():
+                conf.setdefault(key, value)
+        for key, value in conf.items():
+            if key not in ("spark.master", "spark.remote"):
                 builder = builder.config(key, value)
-        for key, value in self._settings.spark_conf.items():
-            builder = builder.config(key, value)
         session = builder.getOrCreate()
-        log.info("spark_session_started", master=master, version=session.version)
+        log.info(
+            "spark_session_started",
+            master=target.url,
+            master_from=target.source,
+            connect=target.connect,
+            version=session.version,
+        )
         return session
+
+    @property
+    def target(self) -> SparkTarget:
+        return spark_target(self._settings)
 
     @staticmethod
     def _alive(session: Any) -> bool:
@@ -137,15 +253,18 @@ class SparkSessions:
         except Exception:  # noqa: BLE001 - a dead JVM gateway fails in many ways
             return False
 
-    def cancel_all_jobs(self) -> None:
-        """Cancel running Spark jobs so blocked task bodies return (used at drain's end)."""
+    def interrupt(self, task_ids: list[str]) -> None:
+        """Interrupt the Spark jobs of these attempts only (their tags), so blocked bodies
+        return at the drain's end; other attempts' jobs go on (classic and Spark Connect)."""
         session = self._session
         if session is None:
             return
-        try:
-            session.sparkContext.cancelAllJobs()
-        except Exception as e:  # noqa: BLE001 - best effort during shutdown
-            log.warning("spark_cancel_failed", error=str(e))
+        for task_id in task_ids:
+            try:
+                session.interruptTag(spark_tag(task_id))
+                log.info("spark_jobs_interrupted", task_id=task_id)
+            except Exception as e:  # noqa: BLE001 - best effort during shutdown
+                log.warning("spark_interrupt_failed", task_id=task_id, error=describe(e))
 
     def stop(self) -> None:
         with self._lock:

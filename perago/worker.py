@@ -404,10 +404,11 @@ class Worker:
                 self._lock.wait(timeout=min(left, 0.5))
             remaining = list(self._inflight.values())
         if remaining and self._spark is not None:
-            # A Spark job blocks in the JVM where no Python exception can reach it.
-            cancel = getattr(self._spark, "cancel_all_jobs", None)
-            if cancel is not None:
-                cancel()
+            # A Spark job blocks in the JVM where no Python exception can reach it: interrupt
+            # the remaining attempts' jobs (by their tags), not other attempts'.
+            interrupt = getattr(self._spark, "interrupt", None)
+            if interrupt is not None:
+                interrupt([item.snapshot.task_id for item in remaining])
         for item in remaining:
             log.warning("interrupting_attempt", task_id=item.snapshot.task_id)
             _raise_in_thread(item.ident, WorkerShutdown)

@@ -285,6 +285,57 @@ def _fetch_conductor(paths: StackPaths, *, progress: bool) -> None:
     stamp_file.write_text(stamp)
 
 
+def pyspark_hadoop_version() -> str | None:
+    """The Hadoop version the installed pyspark was built with (its hadoop-client-api jar);
+    None without pyspark."""
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    if not jars:
+        return None
+    return jars[-1].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+
+
+def _fetch_spark_jars(paths: StackPaths, *, progress: bool) -> None:
+    """hadoop-aws (at pyspark's Hadoop version) and its runtime dependencies, fetched with
+    Maven into ``<stack>/spark-jars``: in-place tasks never resolve packages at run time."""
+    hadoop = pyspark_hadoop_version()
+    if hadoop is None:
+        return  # no Spark on this machine: nothing needs the connector
+    pom = paths.deploy / "spark-s3a" / "pom.xml"
+    stamp_file = paths.spark_jars / ".stamp"
+    stamp = _stamp(pom) + ":" + hadoop
+    if _fresh(paths.spark_jars, stamp_file, stamp) and any(paths.spark_jars.glob("*.jar")):
+        return
+    mvn = _require_mvn()
+    incoming = paths.stack / ".spark-jars.incoming"
+    shutil.rmtree(incoming, ignore_errors=True)
+    cmd = [
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(pom),
+        f"-Dhadoop.version={hadoop}",
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={incoming}",
+    ]
+    what = f"fetching hadoop-aws {hadoop} and the AWS SDK bundle (Maven Central)"
+    with step(what, progress=progress):
+        _run(cmd, cwd=pom.parent, env=os.environ, log=paths.logs / "build-spark-jars.log")
+    if not list(incoming.glob(f"hadoop-aws-{hadoop}.jar")):
+        raise StackError(
+            f"Maven ran but left no hadoop-aws-{hadoop}.jar in {incoming}; check "
+            f"{paths.logs / 'build-spark-jars.log'} and {pom}"
+        )
+    shutil.rmtree(paths.spark_jars, ignore_errors=True)
+    os.replace(incoming, paths.spark_jars)
+    stamp_file.write_text(stamp)
+
+
 # -- Java ------------------------------------------------------------------------------------
 
 
@@ -373,6 +424,7 @@ def build(*, progress: bool = False, helm: bool = False, webui: bool = True) -> 
     _build_go_binary(paths, "lakefs", progress=progress, webui=webui)
     _build_go_binary(paths, "lakectl", progress=progress)
     _fetch_conductor(paths, progress=progress)
+    _fetch_spark_jars(paths, progress=progress)
     find_java()
     if helm:
         _build_go_binary(paths, "helm", progress=progress)

@@ -78,6 +78,11 @@ class StackPaths:
         return self.stack / "conductor"
 
     @property
+    def spark_jars(self) -> Path:
+        """The S3A connector's jars for in-place Spark tasks (``PERAGO_SPARK_JARS_DIR``)."""
+        return self.stack / "spark-jars"
+
+    @property
     def data(self) -> Path:
         return self.stack / "data"
 

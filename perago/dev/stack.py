@@ -72,12 +72,16 @@ class StackInfo:
     stack_dir: Path
 
     def env(self) -> dict[str, str]:
-        return {
+        env = {
             "CONDUCTOR_SERVER_URL": self.conductor_url,
             "LAKECTL_SERVER_ENDPOINT_URL": self.lakefs_endpoint,
             "LAKECTL_CREDENTIALS_ACCESS_KEY_ID": self.access_key_id,
             "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY": self.secret_access_key,
         }
+        jars = self.stack_dir / "spark-jars"
+        if any(jars.glob("*.jar")):  # fetched by `perago dev build` when pyspark is installed
+            env["PERAGO_SPARK_JARS_DIR"] = str(jars)
+        return env
 
 
 @dataclass(frozen=True)

@@ -176,17 +176,28 @@ def test_spark_task_on_a_standalone_cluster(
     src.write_text("n,name\n" + "".join(f"{i},row{i}\n" for i in range(1, 101)))
     store.upload(repo, "main", "spark/in/part-0.csv", src)
     store.commit(repo, "main", message="seed", metadata={})
-    name = f"ps_cluster_{unique}"
-    one_step(conductor, name, f"ps_local_{unique}", {})
+    local, in_place = f"ps_cluster_{unique}", f"ps_cluster_inplace_{unique}"
+    one_step(conductor, local, f"ps_local_{unique}", {})
+    one_step(conductor, in_place, f"ps_inplace_{unique}", {})
     with worker(env, tmp_path / "w.log", module=module) as w:
-        wf = wait_workflow(
-            conductor,
-            start(conductor, name, repo),
-            timeout=300,
-        )
+        # A local-projection task would hand the executors this worker's paths: refused.
+        refused = wait_workflow(conductor, start(conductor, local, repo), timeout=300)
+        # In place, the executors read and write through lakeFS's S3 gateway themselves.
+        wf = wait_workflow(conductor, start(conductor, in_place, repo), timeout=300)
         started = w.wait_for("spark_session_started")
     assert started["master"] == standalone_master
+    assert started["master_from"] == "PERAGO_SPARK_MASTER"
+    (step,) = attempts(refused, "step")
+    assert step["status"] == "FAILED_WITH_TERMINAL_ERROR"
+    assert "in_place=True" in step["reasonForIncompletion"]
     assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
     assert attempts(wf, "step")[-1]["outputData"]["result"] == {"rows": 100}
     ref = wf["output"]["workspace"]["ref"]
     assert any(o.path.endswith(".parquet") for o in store.list_objects(repo, ref, "spark/out/"))
+
+    # Every process of this cluster runs on this machine, sharing its disk: declared so, the
+    # local-projection task runs there too.
+    shared = {**env, "PERAGO_SPARK_SHARED_FILESYSTEM": "true"}
+    with worker(shared, tmp_path / "w2.log", module=module):
+        again = wait_workflow(conductor, start(conductor, local, repo), timeout=300)
+    assert again["status"] == "COMPLETED", again.get("reasonForIncompletion")

@@ -66,3 +66,11 @@ def test_the_operations_guide_lists_every_metric() -> None:
         family = metric.describe()[0]
         name = family.name + ("_total" if family.type == "counter" else "")
         assert f"| `{name}` |" in guide, f"docs/operations.md has no row for {name}"
+
+
+def test_the_image_fetches_hadoop_aws_at_pyspark_s_hadoop_version() -> None:
+    from perago.dev.build import pyspark_hadoop_version
+
+    pinned = re.search(r"ARG HADOOP_VERSION=(\S+)", DOCKERFILE.read_text())
+    assert pinned is not None and pinned.group(1) == pyspark_hadoop_version()
+    assert "ENV PERAGO_SPARK_JARS_DIR=/opt/perago/spark-jars" in DOCKERFILE.read_text()

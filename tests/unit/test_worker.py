@@ -826,3 +826,44 @@ def test_a_pinned_ref_that_moved_is_terminal_an_unpinned_one_retries(
     assert outcome.status == "FAILED_WITH_TERMINAL_ERROR"
     assert "not Perago" in outcome.reason and "pinned its input ref" in outcome.reason
     assert len(stub.attempts(pinned)) == 1
+
+
+class ClusterSpark:
+    """A session provider whose master is a cluster (``target`` as SparkSessions has it)."""
+
+    def __init__(self, url: str) -> None:
+        from perago.spark import SparkTarget
+
+        self.target = SparkTarget(url, "MASTER")
+        self.tags: list[str] = []
+
+    def __call__(self) -> Any:
+        return self
+
+    def addTag(self, tag: str) -> None:
+        self.tags.append(tag)
+
+    def removeTag(self, tag: str) -> None:
+        pass
+
+    def sql(self, query: str) -> Any:
+        return self
+
+    def collect(self) -> list[Any]:
+        return []
+
+
+def test_a_local_projection_spark_task_on_a_cluster_is_refused_unless_the_disk_is_shared(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    cluster = ClusterSpark("spark://m:7077")
+    with running(stub, store, tmp_path, spark=cluster):
+        refused = settle(stub, step(stub, task_type="sparky", retries=2))
+    assert refused.status == "FAILED_WITH_TERMINAL_ERROR"
+    assert "in_place=True" in refused.reason and "PERAGO_SPARK_SHARED_FILESYSTEM" in refused.reason
+    assert cluster.tags == []  # the body never ran
+    with running(stub, store, tmp_path, spark=cluster, spark_shared_filesystem=True):
+        wid = step(stub, task_type="sparky")
+        shared = settle(stub, wid)
+    assert shared.status == "COMPLETED"
+    assert cluster.tags == [f"perago-{stub.final(wid).task_id}"]  # its jobs carried its tag
