@@ -245,6 +245,8 @@ class SparkSessions:
 
     @staticmethod
     def _alive(session: Any) -> bool:
+        if hasattr(session, "client"):  # Spark Connect: the server owns the session's life
+            return not getattr(session, "is_stopped", False)
         # Cheap: asks the JVM whether the context was stopped (a killed driver raises).
         try:
             return not session.sparkContext._jsc.sc().isStopped()

@@ -50,3 +50,16 @@ def in_place(workspace: RemoteWorkspace, params: SparkParams, spark: Any) -> Spa
     if params.fail:
         raise RuntimeError("in-place body failed after writing (on purpose)")
     return SparkResult(rows=rows)
+
+
+class SlowParams(BaseModel):
+    rows: int = 200  # each row sleeps 100 ms in an executor: rows / 2 * 0.1 s on two cores
+
+
+@task(f"ps_slow_{SUFFIX}", workspace=WorkspaceSpec(prefix="spark/", in_place=True), **OPTS)
+def slow(workspace: RemoteWorkspace, params: SlowParams, spark: Any) -> SparkResult:
+    """A Spark job that takes a while and writes nothing (drain and interrupt tests)."""
+    df = spark.range(0, params.rows, 1, 2).selectExpr(
+        "reflect('java.lang.Thread', 'sleep', cast(100 as bigint)) AS slept"
+    )
+    return SparkResult(rows=len(df.collect()))
