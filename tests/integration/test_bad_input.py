@@ -107,3 +107,29 @@ def test_many_small_files_are_published_in_one_commit(
     assert sum(1 for _ in store.list_objects(repo, ref, "data/many/")) == MANY
     assert len(publications(store, repo)) == 1
     assert staging_branches(store, repo) == []
+
+
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({"files": {"a.txt": "1"}, "flies": {"typo.txt": "x"}}, "unknown params ['flies']"),
+        ({"import_missing": True}, "module 'perago_no_such_module'"),
+    ],
+    ids=["unknown-param", "missing-module"],
+)
+def test_failures_no_retry_can_fix_are_terminal_and_spend_no_retry(
+    make_env: Callable[..., dict[str, str]],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+    params: dict[str, Any],
+    needle: str,
+) -> None:
+    env = make_env(PERAGO_TEST_RETRIES="3")
+    wf = _run(conductor, env, tmp_path, unique, repo, params)
+    (only,) = attempts(wf, "step")
+    assert only["status"] == "FAILED_WITH_TERMINAL_ERROR"
+    assert needle in only["reasonForIncompletion"]
+    assert publications(store, repo) == []

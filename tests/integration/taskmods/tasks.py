@@ -27,6 +27,7 @@ class WriteParams(BaseModel):
     bad_name: bool = False
     stamp_retry: bool = False  # content differs per attempt, like real non-deterministic output
     many: int = 0
+    import_missing: bool = False  # the body needs a module that is not installed
 
 
 class WriteResult(BaseModel):
@@ -46,6 +47,8 @@ def write(workspace: Path, params: WriteParams) -> WriteResult:
     deadline = time.monotonic() + params.sleep
     while time.monotonic() < deadline:  # Python-level work: interruptible at shutdown
         time.sleep(0.05)
+    if params.import_missing:
+        import perago_no_such_module  # type: ignore[import-not-found]  # noqa: F401
     if params.fail == "error":
         raise RuntimeError("the body failed on purpose")
     if params.fail == "terminal":
