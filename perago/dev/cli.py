@@ -78,15 +78,27 @@ def settings_doc_cmd(
 
 
 @app.command("up")
-def up_cmd() -> None:
+def up_cmd(
+    spark: Annotated[
+        bool,
+        typer.Option(
+            "--spark",
+            help="Also a Spark cluster: standalone master, two workers, a Spark Connect server.",
+        ),
+    ] = False,
+) -> None:
     """Start lakeFS and Conductor (a running stack is reused) and wait until both answer."""
-    from perago.dev import stack
+    from perago.dev import spark_cluster, stack
 
     started = time.monotonic()
     info = _run(lambda: stack.up(progress=True))
+    cluster = _run(lambda: spark_cluster.up(progress=True)) if spark else None
     typer.echo(f"stack ready in {time.monotonic() - started:.1f}s ({info.stack_dir})", err=True)
     typer.echo(f"lakeFS     {info.lakefs_endpoint}")
     typer.echo(f"Conductor  {info.conductor_url}")
+    if cluster is not None:
+        typer.echo(f"Spark      {cluster.master_url} (standalone, 2 workers)")
+        typer.echo(f"Connect    {cluster.connect_url}")
     typer.echo('use it from a shell: eval "$(perago dev env)"', err=True)
 
 
@@ -95,11 +107,16 @@ def down_cmd(
     wipe: Annotated[
         bool, typer.Option("--wipe", help="Also delete the servers' data (keeps binaries).")
     ] = False,
+    spark: Annotated[
+        bool, typer.Option("--spark", help="Stop only the Spark cluster (`up --spark`).")
+    ] = False,
 ) -> None:
     """Stop the processes `perago dev up` started."""
-    from perago.dev import stack
+    from perago.dev import spark_cluster, stack
 
-    stopped = _run(lambda: stack.down(wipe=wipe))
+    stopped = _run(spark_cluster.down)
+    if not spark:
+        stopped += _run(lambda: stack.down(wipe=wipe))
     typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
     if wipe:
         typer.echo("data deleted")
@@ -127,10 +144,11 @@ def _single_quoted(value: str) -> str:
 @app.command("env")
 def env_cmd() -> None:
     """Print export lines: `eval "$(perago dev env)"`, then lakectl and perago just work."""
-    from perago.dev import stack
+    from perago.dev import spark_cluster, stack
 
     info = _run(stack.info)
-    for key, value in info.env().items():
+    cluster = spark_cluster.cluster()
+    for key, value in {**info.env(), **(cluster.env() if cluster else {})}.items():
         typer.echo(f"export {key}={_single_quoted(value)}")
     typer.echo(f'export PATH={_single_quoted(str(info.lakectl.parent))}:"$PATH"')
     if sys.stdout.isatty():

@@ -54,12 +54,16 @@ def in_place(workspace: RemoteWorkspace, params: SparkParams, spark: Any) -> Spa
 
 class SlowParams(BaseModel):
     rows: int = 200  # each row sleeps 100 ms in an executor: rows / 2 * 0.1 s on two cores
+    write: bool = False  # publish the rows (spark/slow/)
 
 
 @task(f"ps_slow_{SUFFIX}", workspace=WorkspaceSpec(prefix="spark/", in_place=True), **OPTS)
 def slow(workspace: RemoteWorkspace, params: SlowParams, spark: Any) -> SparkResult:
     """A Spark job that takes a while and writes nothing (drain and interrupt tests)."""
     df = spark.range(0, params.rows, 1, 2).selectExpr(
-        "reflect('java.lang.Thread', 'sleep', cast(100 as bigint)) AS slept"
+        "id", "reflect('java.lang.Thread', 'sleep', cast(100 as bigint)) AS slept"
     )
+    if params.write:
+        df.write.mode("overwrite").parquet(workspace.output_uri + "slow/")
+        return SparkResult(rows=params.rows)
     return SparkResult(rows=len(df.collect()))
