@@ -252,24 +252,29 @@ def conductor_jar(paths: StackPaths) -> Path | None:
     return jars[-1] if jars else None
 
 
+def _maven_copy(pom: Path, incoming: Path, *options: str) -> list[str]:
+    """The Maven command that copies ``pom``'s dependencies into a fresh ``incoming``."""
+    shutil.rmtree(incoming, ignore_errors=True)
+    return [
+        _require_mvn(),
+        "-q",
+        "-B",
+        "-f",
+        str(pom),
+        *options,
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={incoming}",
+    ]
+
+
 def _fetch_conductor(paths: StackPaths, *, progress: bool) -> None:
     pom = paths.deploy / "conductor" / "pom.xml"
     stamp_file = paths.conductor_jars / ".stamp"
     stamp = _stamp(pom)
     if _fresh(conductor_jar(paths), stamp_file, stamp):
         return
-    mvn = _require_mvn()
     incoming = paths.conductor_jars / ".incoming"
-    shutil.rmtree(incoming, ignore_errors=True)
-    cmd = [
-        mvn,
-        "-q",
-        "-B",
-        "-f",
-        str(pom),
-        "dependency:copy-dependencies",
-        f"-DoutputDirectory={incoming}",
-    ]
+    cmd = _maven_copy(pom, incoming)
     with step("fetching the Conductor server (Maven Central)", progress=progress):
         _run(cmd, cwd=pom.parent, env=os.environ, log=paths.logs / "build-conductor.log")
     jars = sorted(incoming.glob("conductor-server-*-boot.jar"))
@@ -309,20 +314,8 @@ def _fetch_spark_jars(paths: StackPaths, *, progress: bool) -> None:
     stamp = _stamp(pom) + ":" + hadoop
     if _fresh(paths.spark_jars, stamp_file, stamp) and any(paths.spark_jars.glob("*.jar")):
         return
-    mvn = _require_mvn()
     incoming = paths.stack / ".spark-jars.incoming"
-    shutil.rmtree(incoming, ignore_errors=True)
-    cmd = [
-        mvn,
-        "-q",
-        "-B",
-        "-f",
-        str(pom),
-        f"-Dhadoop.version={hadoop}",
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={incoming}",
-    ]
+    cmd = _maven_copy(pom, incoming, f"-Dhadoop.version={hadoop}", "-DincludeScope=runtime")
     what = f"fetching hadoop-aws {hadoop} and the AWS SDK bundle (Maven Central)"
     with step(what, progress=progress):
         _run(cmd, cwd=pom.parent, env=os.environ, log=paths.logs / "build-spark-jars.log")
