@@ -53,6 +53,9 @@ def stack_env() -> Iterator[dict[str, str]]:
         pytest.skip(f"the local stack is not available ({e}); run `perago dev up`")
     yield info.env()
     if not was_running:
+        from perago.dev import spark_cluster
+
+        spark_cluster.down()  # one a test started and could not stop (test_spark_cluster)
         stack.down()
 
 
