@@ -245,7 +245,9 @@ class SparkSessions:
 
     @staticmethod
     def _alive(session: Any) -> bool:
-        if hasattr(session, "client"):  # Spark Connect: the server owns the session's life
+        if type(session).__module__.startswith("pyspark.sql.connect"):
+            # Spark Connect: the server owns the session's life. (Classic sessions raise on
+            # Connect-only attributes such as ``client``: ask the class, not the object.)
             return not getattr(session, "is_stopped", False)
         # Cheap: asks the JVM whether the context was stopped (a killed driver raises).
         try:

@@ -87,3 +87,20 @@ def test_interrupt_touches_only_the_named_attempts() -> None:
     sessions._session = fake
     sessions.interrupt(["t1", "t3"])
     assert fake.interrupted == ["perago-t1", "perago-t3"]
+
+
+def test_a_classic_session_is_never_asked_connect_only_questions() -> None:
+    """Classic PySpark raises (not AttributeError) on Connect-only attributes like
+    ``client``; liveness must tell the two apart by class (a bug CI caught)."""
+    from perago.spark import SparkSessions
+
+    class ClassicLike:
+        @property
+        def client(self) -> Any:
+            raise RuntimeError("[ONLY_SUPPORTED_WITH_SPARK_CONNECT]")
+
+        @property
+        def sparkContext(self) -> Any:
+            raise AttributeError  # no JVM here: treated as alive, like Connect
+
+    assert SparkSessions._alive(ClassicLike()) is True
