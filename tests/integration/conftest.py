@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from .harness import TASKS, register_tasks
+from .harness import TASKS, perago_cli, register_tasks
 
 
 @pytest.fixture
@@ -29,3 +29,20 @@ def make_env(
         return env
 
     return make
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(stack_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The stack's Spark cluster (`perago dev up --spark`): its exported URLs; stopped at
+    the end of the session."""
+    up = perago_cli(["dev", "up", "--spark"], stack_env, timeout=300)
+    assert up.returncode == 0, up.stderr
+    env = perago_cli(["dev", "env"], stack_env)
+    exported = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in env.stdout.splitlines()
+        if line.startswith("export SPARK_")
+    )
+    yield {k: v.strip("'") for k, v in exported.items()}
+    down = perago_cli(["dev", "down", "--spark"], stack_env)
+    assert down.returncode == 0 and "spark-master" in down.stdout, down.stdout

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +22,22 @@ from perago.store import Commit
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = "tests.integration.taskmods.tasks"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for servers a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """Status and body of a GET, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 def perago_cli(

@@ -8,7 +8,6 @@ slow links) and check what the servers recorded.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from perago.adapters.lakefs import LakeFSStore
 from .harness import (
     attempts,
     decide_now,
+    free_port,
     one_step,
     publications,
     put_workflow,
@@ -46,18 +46,12 @@ LOST_ANSWERS = {
 CUT = {"name": "cut", "type": "timeout", "stream": "upstream", "attributes": {"timeout": 0}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def proxy(
     stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Toxiproxy, dict[str, str]]]:
-    tp = Toxiproxy(_free_port(), tmp_path_factory.mktemp("toxiproxy") / "toxiproxy.log")
-    ports = {"lakefs": _free_port(), "conductor": _free_port()}
+    tp = Toxiproxy(free_port(), tmp_path_factory.mktemp("toxiproxy") / "toxiproxy.log")
+    ports = {"lakefs": free_port(), "conductor": free_port()}
     lakefs = urlparse(stack_env["LAKECTL_SERVER_ENDPOINT_URL"]).port
     conductor = urlparse(stack_env["CONDUCTOR_SERVER_URL"]).port
     assert lakefs and conductor

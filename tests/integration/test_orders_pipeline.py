@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from workers.orders.data import generate_orders
 from .harness import (
     ROOT,
     attempts,
+    free_port,
     one_step,
     publications,
     staging_branches,
@@ -89,19 +89,13 @@ def test_orders_pipeline_end_to_end(
     assert {e["task_type"] for e in renamed} == {"orders_clean", "orders_daily_revenue"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def standalone_master(tmp_path: Path) -> Iterator[str]:
     """A Spark standalone master and one worker on 127.0.0.1, from the pyspark distribution."""
     import pyspark
 
     spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "SPARK_LOCAL_IP": "127.0.0.1",
@@ -120,7 +114,7 @@ def standalone_master(tmp_path: Path) -> Iterator[str]:
             "--port",
             str(port),
             "--webui-port",
-            str(_free_port()),
+            str(free_port()),
         ],
         env=env,
         stdout=logs[0],
@@ -136,7 +130,7 @@ def standalone_master(tmp_path: Path) -> Iterator[str]:
             "--host",
             "127.0.0.1",
             "--webui-port",
-            str(_free_port()),
+            str(free_port()),
             "--cores",
             "2",
             "--memory",

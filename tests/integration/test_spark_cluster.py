@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .harness import attempts, one_step, perago_cli, publications, start, wait_workflow, worker
+from .harness import attempts, one_step, publications, start, wait_workflow, worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 MODULE = "tests.integration.taskmods.spark_tasks"
@@ -32,23 +32,8 @@ def _executors() -> list[int]:
     return found
 
 
-@pytest.fixture(scope="module")
-def cluster(stack_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    up = perago_cli(["dev", "up", "--spark"], stack_env, timeout=300)
-    assert up.returncode == 0, up.stderr
-    env = perago_cli(["dev", "env"], stack_env)
-    exported = dict(
-        line.removeprefix("export ").split("=", 1)
-        for line in env.stdout.splitlines()
-        if line.startswith("export SPARK_")
-    )
-    yield {k: v.strip("'") for k, v in exported.items()}
-    down = perago_cli(["dev", "down", "--spark"], stack_env)
-    assert down.returncode == 0 and "spark-master" in down.stdout, down.stdout
-
-
 def test_an_executor_killed_mid_job_costs_a_spark_task_retry_not_the_attempt(
-    cluster: dict[str, str],
+    spark_cluster: dict[str, str],
     make_env: Callable[..., dict[str, str]],
     conductor: Any,
     store: Any,
@@ -56,8 +41,8 @@ def test_an_executor_killed_mid_job_costs_a_spark_task_retry_not_the_attempt(
     unique: str,
     tmp_path: Path,
 ) -> None:
-    assert cluster["SPARK_CONNECT_URL"].startswith("sc://127.0.0.1:")
-    env = make_env(MODULE, PERAGO_SPARK_MASTER=cluster["SPARK_CONNECT_URL"])
+    assert spark_cluster["SPARK_CONNECT_URL"].startswith("sc://127.0.0.1:")
+    env = make_env(MODULE, PERAGO_SPARK_MASTER=spark_cluster["SPARK_CONNECT_URL"])
     name = f"cl_slow_{unique}"
     one_step(conductor, name, f"ps_slow_{unique}", {"rows": 200, "write": True})
     with worker(env, tmp_path / "w.log", module=MODULE) as w:

@@ -1,17 +1,13 @@
-"""Spark Connect for real: a Spark Connect server from the pyspark distribution on 127.0.0.1
-(carrying the S3A connector's jars fetched at build time), a worker whose session is a Connect
-client (`PERAGO_SPARK_MASTER=sc://...`), an in-place task through it, the mode rule, and a
-drain that interrupts only the attempt's own jobs."""
+"""Spark Connect for real: the Spark Connect server of `perago dev up --spark` (it carries the
+S3A connector's jars fetched at build time), a worker whose session is a Connect client
+(`PERAGO_SPARK_MASTER=sc://...`), an in-place task through it, the mode rule, and a drain that
+interrupts only the attempt's own jobs."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,69 +19,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 MODULE = "tests.integration.taskmods.spark_tasks"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _answers(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture
-def connect_server(stack_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
-    import pyspark
-
-    jars_dir = stack_env.get("PERAGO_SPARK_JARS_DIR")
-    if not jars_dir:
-        pytest.fail("the stack has no spark-jars: `perago dev build` fetches them with pyspark")
-    home = Path(pyspark.__file__).parent
-    port = _free_port()
-    log = (tmp_path / "connect.log").open("w")
-    proc = subprocess.Popen(
-        [
-            str(home / "bin" / "spark-submit"),
-            "--class",
-            "org.apache.spark.sql.connect.service.SparkConnectServer",
-            "--master",
-            "local[2]",
-            "--jars",
-            ",".join(str(j) for j in sorted(Path(jars_dir).glob("*.jar"))),
-            "--conf",
-            f"spark.connect.grpc.binding.port={port}",
-            "--conf",
-            "spark.connect.grpc.binding.address=127.0.0.1",
-            "--conf",
-            "spark.driver.bindAddress=127.0.0.1",
-            "--conf",
-            "spark.driver.host=127.0.0.1",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.sql.shuffle.partitions=2",
-        ],
-        env={**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not _answers(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError((tmp_path / "connect.log").read_text()[-3000:])
-            time.sleep(0.5)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+def connect_server(spark_cluster: dict[str, str]) -> str:
+    """The Spark Connect server of the stack's cluster (it carries the S3A jars)."""
+    return spark_cluster["SPARK_CONNECT_URL"]
 
 
 def test_an_in_place_task_runs_through_spark_connect_and_a_local_one_is_refused(

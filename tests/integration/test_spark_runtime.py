@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +14,8 @@ from perago.adapters.lakefs import LakeFSStore
 
 from .harness import (
     attempts,
+    free_port,
+    http_get,
     publications,
     put_workflow,
     simple_task,
@@ -28,12 +27,6 @@ from .harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 MODULE = "tests.integration.taskmods.spark_tasks"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -137,14 +130,6 @@ def _java_children(pid: int) -> list[int]:
     return found
 
 
-def _ready(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 def test_a_worker_whose_spark_jvm_died_builds_a_new_one(
     env: dict[str, str],
     conductor: ConductorClient,
@@ -173,7 +158,7 @@ def test_a_worker_whose_spark_jvm_died_builds_a_new_one(
         assert [t["status"] for t in attempts(second, "step")] == ["COMPLETED"]
         w.wait_for("spark_jvm_forgotten")
         assert _java_children(w.proc.pid) and set(_java_children(w.proc.pid)).isdisjoint(jvms)
-        assert _ready(port)[0] == 200
+        assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200
 
 
 def test_a_spark_session_that_cannot_start_fails_readably_and_unreadies_the_pod(
@@ -196,7 +181,7 @@ def test_a_spark_session_that_cannot_start_fails_readably_and_unreadies_the_pod(
     port = free_port()
     with worker(broken, tmp_path / "w.log", module=MODULE, extra_args=["--http-port", str(port)]):
         wf = wait_workflow(conductor, start(conductor, "nojvm_wf", repo), timeout=300)
-        code, body = _ready(port)
+        code, body = http_get(f"http://127.0.0.1:{port}/readyz")
     assert wf["status"] == "FAILED"
     reason = attempts(wf, "step")[0]["reasonForIncompletion"]
     assert "cannot start a Spark session" in reason or "Java gateway" in reason, reason

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import socket
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,8 @@ from perago.adapters.lakefs import LakeFSStore
 
 from .harness import (
     WorkerProcess,
+    free_port,
+    http_get,
     one_step,
     put_workflow,
     register_tasks,
@@ -24,20 +23,6 @@ from .harness import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def test_probes_and_metrics(
@@ -57,13 +42,13 @@ def test_probes_and_metrics(
     register_tasks(env)
     name = f"pt_wf_http_{unique}"
     one_step(conductor, name, f"pt_write_{unique}", {"files": {"m.txt": "m"}})
-    port = _free_port()
+    port = free_port()
     w = WorkerProcess(env, tmp_path / "w.log", extra_args=["--http-port", str(port)])
     try:
         w.wait_for("http_endpoints_started")
         base = f"http://127.0.0.1:{port}"
-        assert _get(base + "/healthz")[0] == 200
-        assert _get(base + "/readyz") == (200, "ready\n")
+        assert http_get(base + "/healthz")[0] == 200
+        assert http_get(base + "/readyz") == (200, "ready\n")
         wf = wait_workflow(
             conductor,
             start(conductor, name, repo),
@@ -71,7 +56,7 @@ def test_probes_and_metrics(
         assert wf["status"] == "COMPLETED"
         # the attempt thread leaves the in-flight gauge just after reporting: wait for it
         for _ in range(100):
-            status, text = _get(base + "/metrics")
+            status, text = http_get(base + "/metrics")
             if "perago_attempts_in_flight 0.0" in text:
                 break
             time.sleep(0.1)
@@ -98,8 +83,8 @@ def test_probes_and_metrics(
         w.wait_for("pre_guardrails_passed", workflow_id=wid)
         w.signal(__import__("signal").SIGTERM)
         w.wait_for("shutdown_requested")
-        assert _get(base + "/readyz") == (503, "draining\n")
-        assert _get(base + "/healthz")[0] == 200
+        assert http_get(base + "/readyz") == (503, "draining\n")
+        assert http_get(base + "/healthz")[0] == 200
         assert w.proc.wait(timeout=60) == 0
         assert wait_workflow(conductor, wid)["status"] == "COMPLETED"
     finally:
