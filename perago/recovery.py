@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
@@ -144,6 +145,20 @@ class AttemptRecords:
         return removed
 
 
+#: Leave a delivery to Conductor when its response timeout is this close (or past): its
+#: sweeper may be retrying it right now, and an update of a task Conductor just timed out and
+#: retried would fail the workflow (Conductor updates without compare-and-set). Also covers
+#: clock skew between this worker and Conductor (updateTime is Conductor's clock).
+TIMEOUT_MARGIN_SECONDS = 10.0
+
+
+def _timing_out(task: TaskSnapshot) -> bool:
+    if not task.response_timeout_seconds or not task.update_time_ms:
+        return False
+    idle = time.time() - task.update_time_ms / 1000
+    return idle > task.response_timeout_seconds - TIMEOUT_MARGIN_SECONDS
+
+
 def lost_reason(record: AttemptRecord) -> str:
     return (
         f"worker {record.worker_id} restarted: this attempt was lost in a crash of process "
@@ -171,6 +186,7 @@ def recover(records: AttemptRecords, orchestrator: Orchestrator) -> list[str]:
                 and task.status == IN_PROGRESS
                 and task.worker_id == record.worker_id
                 and task.poll_count == record.poll_count
+                and not _timing_out(task)
             )
             if task is not None and live:
                 orchestrator.report(
@@ -180,7 +196,7 @@ def recover(records: AttemptRecords, orchestrator: Orchestrator) -> list[str]:
                 bound.warning("lost_attempt_failed", removed_dirs=dirs)
             else:
                 bound.info(
-                    "lost_attempt_already_settled",
+                    "lost_attempt_left_to_conductor",
                     status=task.status if task else "unknown to the orchestrator",
                     removed_dirs=dirs,
                 )

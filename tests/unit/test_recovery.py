@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -84,3 +85,20 @@ def test_unreadable_records_are_dropped(tmp_path: Path) -> None:
     assert records.orphans() == []
     assert not (records.folder / "junk-p1.json").exists()
     assert AttemptRecord("t", 1, "w", "tt", "wid", os.getpid(), "").owner_alive()
+
+
+def test_a_delivery_close_to_its_response_timeout_is_left_to_conductor(tmp_path: Path) -> None:
+    """Conductor may be timing it out and retrying it right now; an update then would race it."""
+    stub = StubOrchestrator()
+    records = AttemptRecords(tmp_path)
+    stub.submit("t", {}, workflow_id="wf-9", reference_name="step", response_timeout_seconds=8)
+    (task,) = stub.poll("t", worker_id="host-9", count=1)
+    _leave_record(records, task, "host-9", _dead_pid())
+    aged = replace(task, update_time_ms=int((time.time() - 5) * 1000))
+    stub.get_task = lambda task_id: aged  # type: ignore[method-assign]
+    assert recover(records, stub) == []
+    assert not [u for u in stub.updates if u.kind == "report"]
+    fresh = replace(task, response_timeout_seconds=120, update_time_ms=int(time.time() * 1000))
+    _leave_record(records, task, "host-9", _dead_pid())
+    stub.get_task = lambda task_id: fresh  # type: ignore[method-assign]
+    assert recover(records, stub) == [task.task_id]
