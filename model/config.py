@@ -7,6 +7,10 @@ mechanism protects (a counterexample), or that nothing in the model depends on i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from model.explore import Spec
 
 __all__ = ["FIXES", "FOREIGN_MODES", "MECHANISMS", "Config"]
 
@@ -82,6 +86,19 @@ class Config:
             raise ValueError("retries, redeliveries and extensions must be >= 0")
         if not self.hooks or not self.pinned:
             raise ValueError("retries and redeliveries must be >= 0; hooks and pinned non-empty")
+
+    def spec(self) -> Spec:
+        """The serial step's model, for the explorer."""
+        from model import actions, invariants, state  # they import this module
+        from model.explore import Spec
+
+        return Spec(
+            state.initial_states,
+            actions.successors,
+            actions.terminal,
+            invariants.check_state,
+            invariants.check_transition,
+        )
 
     def has(self, mechanism: str) -> bool:
         """True unless ``mechanism`` was dropped."""

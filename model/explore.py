@@ -12,16 +12,29 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any, NamedTuple
 
-from model.actions import successors, terminal
-from model.config import Config
-from model.invariants import check_state, check_transition
-from model.state import State, initial_states
+__all__ = ["Counterexample", "Result", "Spec", "Step", "explore", "explore_parallel"]
 
-__all__ = ["Counterexample", "Result", "Step", "explore", "explore_parallel"]
+State = Any  # a model's global state: a hashable NamedTuple with ``attempts``
+#: A configuration (``model.config.Config``, ``model.fanout.FanoutConfig``) is a frozen
+#: dataclass with ``spec()``, ``has(mechanism)``, ``hooks`` and ``pinned``.
+
+
+class Spec(NamedTuple):
+    """What the explorer needs from a model: the serial step's (``model``) or a fan-out's
+    (``model.fanout``). Each configuration class names its spec (``Config.spec()``)."""
+
+    initial_states: Callable[[Any], Iterator[Any]]
+    successors: Callable[[Any, Any], list[tuple[int, str, Any, bool]]]
+    terminal: Callable[[Any], bool]
+    check_state: Callable[[Any, Any], tuple[str, str] | None]
+    check_transition: Callable[[Any, Any, tuple[int, str, Any, bool]], tuple[str, str] | None]
+
 
 _ROOT = -1  # parent of an initial state (CPython never returns -1 from hash())
 
@@ -43,7 +56,7 @@ class Counterexample:
 
 @dataclass
 class Result:
-    config: Config
+    config: Any  # model.config.Config or model.fanout.config.FanoutConfig
     states: int = 0
     transitions: int = 0
     depth: int = 0
@@ -63,34 +76,35 @@ class Result:
         return self.states**2 / 2.0**64
 
 
-def _trace(cfg: Config, parents: dict[int, int], last: int) -> tuple[State, list[Step]]:
+def _trace(cfg: Any, spec: Spec, parents: dict[int, int], last: int) -> tuple[State, list[Step]]:
     chain = []
     fp = last
     while fp != _ROOT:
         chain.append(fp)
         fp = parents[fp]
     chain.reverse()
-    state = next(s for s in initial_states(cfg) if hash(s) == chain[0])
+    state = next(s for s in spec.initial_states(cfg) if hash(s) == chain[0])
     first = state
     steps = []
     for fp in chain[1:]:
-        actor, label, state, _ = next(t for t in successors(cfg, state) if hash(t[2]) == fp)
+        actor, label, state, _ = next(t for t in spec.successors(cfg, state) if hash(t[2]) == fp)
         steps.append(Step(actor, label, state))
     return first, steps
 
 
-def explore(cfg: Config, *, stop_at_first: bool = False) -> Result:
+def explore(cfg: Any, *, stop_at_first: bool = False) -> Result:
     """Every interleaving of ``cfg``, collecting a shortest counterexample per invariant.
 
     A state that violates a state invariant is not expanded (what follows from it is the
     same failure); a step that violates I2a or I2b is, so its consequences are explored too.
     """
+    spec: Spec = cfg.spec()
     started = time.monotonic()
     result = Result(cfg)
     found: set[str] = set()
     parents: dict[int, int] = {}
     frontier: list[tuple[State, int]] = []
-    for s in initial_states(cfg):
+    for s in spec.initial_states(cfg):
         fp = hash(s)
         if fp not in parents:
             parents[fp] = _ROOT
@@ -100,7 +114,7 @@ def explore(cfg: Config, *, stop_at_first: bool = False) -> Result:
         """Keep the first counterexample of ``invariant``; True if exploration should stop."""
         if invariant not in found:
             found.add(invariant)
-            first, steps = _trace(cfg, parents, last)
+            first, steps = _trace(cfg, spec, parents, last)
             if extra is not None:
                 steps.append(extra)
             result.violations.append(Counterexample(invariant, message, first, tuple(steps)))
@@ -112,9 +126,9 @@ def explore(cfg: Config, *, stop_at_first: bool = False) -> Result:
             for a in s.attempts:
                 if a is not None:
                     result.pcs.add(a.pc)
-            trs = successors(cfg, s)
+            trs = spec.successors(cfg, s)
             if not trs:
-                if not terminal(s):
+                if not spec.terminal(s):
                     message = "no action is enabled, yet not everything is terminal"
                     if record("deadlock", message, fp):
                         return _done(result, parents, started)
@@ -122,14 +136,14 @@ def explore(cfg: Config, *, stop_at_first: bool = False) -> Result:
             for tr in trs:
                 result.transitions += 1
                 nxt = tr[2]
-                bad = check_transition(cfg, s, tr)
+                bad = spec.check_transition(cfg, s, tr)
                 if bad is not None and record(*bad, fp, Step(tr[0], tr[1], nxt)):
                     return _done(result, parents, started)
                 nfp = hash(nxt)
                 if nfp in parents:
                     continue
                 parents[nfp] = fp
-                bad = check_state(cfg, nxt)
+                bad = spec.check_state(cfg, nxt)
                 if bad is not None:
                     if record(*bad, nfp):
                         return _done(result, parents, started)
@@ -148,7 +162,7 @@ def _done(result: Result, parents: dict[int, int], started: float) -> Result:
     return result
 
 
-def explore_parallel(cfg: Config, *, workers: int = 2, stop_at_first: bool = False) -> Result:
+def explore_parallel(cfg: Any, *, workers: int = 2, stop_at_first: bool = False) -> Result:
     """``explore`` with the initial states split over processes.
 
     The hook and the pinning of the input never change after the initial state, so each

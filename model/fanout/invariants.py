@@ -1,0 +1,123 @@
+"""The fan-out invariants, checked in every reachable state (and on every branch move).
+
+F1  at most one publication per step in effect: the head's tree holds the data of at most
+    one attempt of each step, and on the first-parent history at most one publication of
+    the step is not superseded (named by a later scoped replacement);
+F2  no COMPLETED step's publication is ever lost from the head: the head holds exactly what
+    the completing attempt's output holds of that step (its own data, or none for a no-op),
+    and the output is on the first-parent history;
+F3  no lost update inside a scope: the head never holds the data of two steps whose scopes
+    overlap (both published from the one input ref, neither saw the other);
+F4  a foreign commit is never replaced: once on the branch it stays on the first-parent
+    history and its data stays in the head;
+F5  every commit that was ever the head stays reachable (branch or tag);
+F6  fail closed: a COMPLETED output holds of its step only the completing attempt's data
+    (or none) and no foreign data: it never published over a foreign commit;
+I2a only an attempt current in Conductor at its last fence moves the branch;
+I2b an attempt moves the branch only while it holds the lease it takes.
+"""
+
+from __future__ import annotations
+
+from model.fanout.config import FanoutConfig, overlaps
+from model.fanout.state import COMPLETED, State, attempt_name, ref_name, step_of
+from model.fanout.tree import FOREIGN, FOREIGN_DATA, NO_REF, ROOT, first_parent_history, reachable
+from model.fanout.worker import Transition
+
+__all__ = ["INVARIANTS", "check_state", "check_transition"]
+
+INVARIANTS = {
+    "F1": "at most one publication per step in effect (head data, first-parent history)",
+    "F2": "a COMPLETED step's publication is never lost from the head",
+    "F3": "no lost update inside a scope: never two overlapping steps' data in the head",
+    "F4": "a foreign commit is never replaced",
+    "F5": "nothing that was on the branch becomes unreachable (branch or tag)",
+    "F6": "fail closed: a COMPLETED output holds only its own step data, no foreign data",
+    "I2a": "only an attempt current in Conductor at its last fence moves the branch",
+    "I2b": "an attempt moves the branch only while it holds its lease",
+}
+
+
+def _step_data(cfg: FanoutConfig, data: int, step: int) -> list[int]:
+    first = step * cfg.max_tasks
+    return [slot for slot in range(first, first + cfg.tasks_of(step)) if data >> slot & 1]
+
+
+def check_state(cfg: FanoutConfig, s: State) -> tuple[str, str] | None:
+    head = s.commits[s.head]
+    assert head is not None
+    steps = range(len(cfg.steps))
+    history = first_parent_history(s.commits, s.head)
+    superseded = 0
+    for ref in history:
+        commit = s.commits[ref]
+        assert commit is not None
+        superseded |= commit.replaces
+    for step in steps:
+        held = _step_data(cfg, head.data, step)
+        if len(held) > 1:
+            names = ", ".join(attempt_name(cfg, slot) for slot in held)
+            return "F1", f"the head holds the data of {names}: two publications of one step"
+        pubs = [
+            ref
+            for ref in history
+            if ref != ROOT
+            and s.commits[ref].owner != NO_REF  # type: ignore[union-attr]
+            and step_of(cfg, s.commits[ref].owner)[0] == step  # type: ignore[union-attr]
+            and not superseded >> ref & 1
+        ]
+        if len(pubs) > 1:
+            names = ", ".join(ref_name(cfg, r) for r in pubs)
+            return "F1", f"{names}: two publications of step {cfg.steps[step]} in effect"
+    for a in steps:
+        for b in steps:
+            both = _step_data(cfg, head.data, a) and _step_data(cfg, head.data, b)
+            if a < b and overlaps(cfg.scope(a), cfg.scope(b)) and both:
+                return "F3", (
+                    f"the head holds both {cfg.steps[a]} ({cfg.scope(a)}) and "
+                    f"{cfg.steps[b]} ({cfg.scope(b)}), published from r0 without seeing "
+                    "each other: a lost update"
+                )
+    if s.heads >> FOREIGN & 1 and not (
+        head.first_parents >> FOREIGN & 1 and head.data & FOREIGN_DATA
+    ):
+        return "F4", "the foreign commit F is no longer on the branch (or its data is gone)"
+    lost = s.heads & ~reachable(s.commits, 1 << s.head | s.tags)
+    if lost:
+        names = ", ".join(ref_name(cfg, r) for r in range(len(s.commits)) if lost >> r & 1)
+        return "F5", f"{names} was on the branch and is now unreachable (no branch, no tag)"
+    for slot, task in enumerate(s.tasks):
+        if task.status != COMPLETED:
+            continue
+        step = step_of(cfg, slot)[0]
+        o = task.output
+        what = f"{attempt_name(cfg, slot)} COMPLETED with output {ref_name(cfg, o)}"
+        out = s.commits[o]
+        assert out is not None
+        published = _step_data(cfg, out.data, step)  # [] for a no-op
+        held = _step_data(cfg, head.data, step)
+        if held != published:
+            have = ", ".join(attempt_name(cfg, x) for x in held) or "no data"
+            return "F2", f"{what}, but the head holds {have} of step {cfg.steps[step]}"
+        if not head.first_parents >> o & 1:
+            return "F2", f"{what}, which is not on the branch's first-parent history"
+        if published not in ([], [slot]) or out.data & FOREIGN_DATA:
+            return "F6", f"{what}, which is not r0 plus siblings plus its own change"
+    return None
+
+
+def check_transition(cfg: FanoutConfig, before: State, tr: Transition) -> tuple[str, str] | None:
+    actor, _, _after, moved = tr
+    if not moved:
+        return None
+    a = before.attempts[actor]
+    assert a is not None
+    who = attempt_name(cfg, actor)
+    if not a.current:
+        return "I2a", f"{who} moved the branch though it was not current at its fence"
+    if cfg.leases:
+        held = before.leases[cfg.lease_key(step_of(cfg, actor)[0])]
+        if held.holder != actor:
+            by = "nobody" if held.holder == NO_REF else attempt_name(cfg, held.holder)
+            return "I2b", f"{who} moved the branch without holding its lease (held by {by})"
+    return None

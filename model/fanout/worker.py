@@ -1,0 +1,488 @@
+"""One fan-out attempt's program: the steps ``perago/publish/transaction.py`` takes, with
+the fan-out rules (``decide_publication`` over the head's first-parent history, merges
+beside disjoint siblings, the hook's re-fence, scoped replacement, post-publish check).
+
+As in the serial model, each step is one atomic action on one shared object and private
+work is folded into the shared step next to it (staging, uploads and markers into the
+lease acquisition; the scoped replacement's private branch, reverts and merge into one
+step). As coded: a COMPLETED report is a guarded write under the lease and the no-op path
+always takes the lease (guarded-report), merges are guarded writes, a lost merge answer is
+looked up in the history and gets the post-publish check but no lease re-check. The hook's
+re-fence is not bounded to 4 tries (the head moves finitely often in the model anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from model import lease
+from model.fanout.config import FanoutConfig, overlaps
+from model.fanout.state import (
+    COMPLETED,
+    FAILED,
+    IN_PROGRESS,
+    Attempt,
+    State,
+    marker_paths,
+    ref_name,
+    step_of,
+)
+from model.fanout.tree import (
+    INTENT,
+    NO_REF,
+    ROOT,
+    add_commit,
+    claim,
+    first_parent_history,
+    merge_base,
+    merge_slot,
+    private_slot,
+    revert,
+    staged_slot,
+    three_way,
+)
+
+__all__ = ["RESET_WINDOW", "Transition", "decide", "steps"]
+
+Transition = tuple[int, str, State, bool]
+
+RESET_WINDOW = frozenset({"tag", "refresh", "reset"})
+REPORTED = "REPORTED"
+FIRST, BESIDE, REPLACE, SCOPED, LANDED, REFUSE = (
+    "first publication",
+    "disjoint publication",
+    "replacement publication",
+    "scoped replacement",
+    "already landed",
+    "refused",
+)
+
+
+def _put(s: State, slot: int, a: Attempt, **changes: Any) -> State:
+    return s._replace(attempts=(*s.attempts[:slot], a, *s.attempts[slot + 1 :]), **changes)
+
+
+def _finish(cfg: FanoutConfig, a: Attempt, status: str, ref: int = NO_REF) -> Attempt:
+    """Report COMPLETED under the lease then release it; release first for FAILED."""
+    report_first = not a.leased or status == COMPLETED
+    return Attempt("report" if report_first else "release", leased=a.leased, status=status, ref=ref)
+
+
+def _same_step(cfg: FanoutConfig, a: int, b: int) -> bool:
+    return step_of(cfg, a)[0] == step_of(cfg, b)[0]
+
+
+def _earlier(cfg: FanoutConfig, owner: int, me: int) -> bool:
+    return _same_step(cfg, owner, me) and step_of(cfg, owner)[1] < step_of(cfg, me)[1]
+
+
+def _overlap(cfg: FanoutConfig, owner: int, me: int) -> bool:
+    if not cfg.has("scope-fence"):
+        return False
+    return overlaps(cfg.scope(step_of(cfg, owner)[0]), cfg.scope(step_of(cfg, me)[0]))
+
+
+def decide(cfg: FanoutConfig, s: State, slot: int, head: int, input_ref: int = ROOT) -> str:
+    """``decide_publication`` on ``head`` (its first-parent history read with it)."""
+    if head == input_ref:
+        return FIRST
+    hc = s.commits[head]
+    assert hc is not None
+    if hc.owner == slot:
+        return LANDED
+    if hc.parents[:1] == (input_ref,) and hc.owner != NO_REF and _earlier(cfg, hc.owner, slot):
+        return REPLACE
+    earlier = False
+    for ref in first_parent_history(s.commits, head):
+        if ref == input_ref:
+            return SCOPED if earlier else BESIDE
+        commit = s.commits[ref]
+        assert commit is not None
+        owner = commit.owner
+        if owner == slot:
+            return LANDED
+        if owner != NO_REF and _earlier(cfg, owner, slot) and commit.kind == "merge":
+            if cfg.has("scoped-replace"):
+                earlier = True
+            continue
+        if owner == NO_REF or _overlap(cfg, owner, slot) or _same_step(cfg, owner, slot):
+            return REFUSE
+    return REFUSE  # the input ref is not on the history: the branch was reset or rewritten
+
+
+def _who(cfg: FanoutConfig, s: State, head: int) -> str:
+    return ref_name(cfg, head)
+
+
+def _current(cfg: FanoutConfig, s: State, slot: int) -> bool:
+    return s.tasks[slot].status == IN_PROGRESS
+
+
+def _fence(cfg: FanoutConfig, s: State, slot: int, a: Attempt, n: int) -> list[Transition]:
+    current = _current(cfg, s, slot)
+    if not current and cfg.has(f"fence{n}"):
+        nxt = _finish(cfg, a, FAILED)
+        return [(slot, f"attempt fence #{n} fails: Conductor moved on", _put(s, slot, nxt), False)]
+    if n == 1:
+        pc = "noop_lease" if a.empty and cfg.leases else "noop_decide" if a.empty else "stage"
+    else:
+        pc = "noop_decide" if a.empty else "publish_fence"
+    verdict = "passes" if current else "is skipped (dropped) for a stale attempt"
+    nxt = a._replace(pc=pc, current=current)
+    return [(slot, f"attempt fence #{n} {verdict}", _put(s, slot, nxt), False)]
+
+
+def _key(cfg: FanoutConfig, slot: int) -> int:
+    return cfg.lease_key(step_of(cfg, slot)[0])
+
+
+def _acquire(cfg: FanoutConfig, s: State, slot: int) -> tuple[tuple[Any, ...], str] | None:
+    key = _key(cfg, slot)
+    got = lease.acquire(s.leases[key], slot)
+    if got is None:
+        return None
+    takeover = s.leases[key].holder not in (NO_REF, slot)
+    leases = (*s.leases[:key], got, *s.leases[key + 1 :])
+    return leases, "acquires the branch lease" + (" (takeover)" if takeover else "")
+
+
+def _set_lease(cfg: FanoutConfig, s: State, slot: int, value: Any) -> tuple[Any, ...]:
+    key = _key(cfg, slot)
+    return (*s.leases[:key], value, *s.leases[key + 1 :])
+
+
+def _stage(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    """Staging branch from r0, uploads, scope markers, the lease, the staged commit."""
+    leases, label = s.leases, "stages"
+    if cfg.leases:
+        got = _acquire(cfg, s, slot)
+        if got is None:
+            return []
+        leases, label = got[0], got[1] + "; stages"
+    root = s.commits[ROOT]
+    assert root is not None
+    markers = list(root.markers)
+    if cfg.has("marker"):
+        own = cfg.scope(step_of(cfg, slot)[0]).strip("/")
+        for i, path in enumerate(marker_paths(cfg)):
+            if path == own:
+                markers[i] = claim(slot)
+            elif own.startswith(path + "/") or path == "":
+                markers[i] = INTENT
+    staged = staged_slot(slot)
+    commits = add_commit(
+        s.commits,
+        staged,
+        (ROOT,),
+        kind="staged",
+        owner=slot,
+        markers=tuple(markers),
+        data=root.data | 1 << slot,
+    )
+    label += f"; commits {ref_name(cfg, staged)} on r0"
+    nxt = a._replace(pc="fence2", leased=cfg.leases, source=staged)
+    return [(slot, label, _put(s, slot, nxt, commits=commits, leases=leases), False)]
+
+
+def _publish_fence(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    d = decide(cfg, s, slot, s.head)
+    label = f"publish fence: head {ref_name(cfg, s.head)} -> {d}"
+    if d in (FIRST, BESIDE):
+        nxt = a._replace(pc="merge_refresh" if cfg.leases else "merge", seen=s.head)
+    elif d == REPLACE:
+        nxt = a._replace(pc="reread" if cfg.leases else _tag_or_reset(cfg), seen=s.head)
+    elif d == SCOPED:
+        nxt = a._replace(pc="scoped", seen=s.head)
+    elif d == LANDED:
+        nxt = _finish(cfg, a, COMPLETED, _own(s, slot))
+    else:
+        nxt = _finish(cfg, a, FAILED)
+        label += " (PublishFenceError)"
+    return [(slot, label, _put(s, slot, nxt), False)]
+
+
+def _own(s: State, slot: int) -> int:
+    for ref in first_parent_history(s.commits, s.head):
+        commit = s.commits[ref]
+        assert commit is not None
+        if commit.owner == slot:
+            return ref
+    raise AssertionError("LANDED without the attempt's commit")
+
+
+def _tag_or_reset(cfg: FanoutConfig) -> str:
+    return "tag" if cfg.has("tag") else "refresh" if cfg.leases else "reset"
+
+
+def _scoped(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    """Private branch from the head the fence saw; revert the earlier publication(s) of this
+    step, newest first; merge the staged commit (none for a no-op)."""
+    seen = s.commits[a.seen]
+    assert seen is not None
+    tree: tuple[tuple[int, ...], int] | None = (seen.markers, seen.data)
+    undo = 0
+    for ref in first_parent_history(s.commits, a.seen):
+        if ref == ROOT:
+            break
+        commit = s.commits[ref]
+        assert commit is not None
+        if commit.owner != NO_REF and _earlier(cfg, commit.owner, slot) and tree is not None:
+            parent = s.commits[commit.parents[0]]
+            assert parent is not None
+            tree = revert(tree, commit, parent)
+            undo |= 1 << ref
+    parents: tuple[int, ...] = (a.seen,)
+    if tree is not None and not a.empty:
+        staged = s.commits[a.source]
+        base = s.commits[merge_base(s.commits, a.seen, a.source)]
+        assert staged is not None and base is not None
+        tree = three_way((base.markers, base.data), tree, (staged.markers, staged.data))
+        parents = (a.seen, a.source)
+    if tree is None:
+        label = "scoped replacement: a revert or the merge conflicts (PublishFenceError)"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    private = private_slot(slot)
+    commits = add_commit(
+        s.commits,
+        private,
+        parents,
+        kind="private",
+        markers=tree[0],
+        data=tree[1],
+        replaces=undo,
+    )
+    names = ", ".join(ref_name(cfg, r) for r in range(len(s.commits)) if undo >> r & 1)
+    label = f"scoped replacement: {ref_name(cfg, private)} from the head reverts {names}"
+    label += "" if a.empty else f", merges {ref_name(cfg, a.source)}"
+    pc = "merge_refresh" if cfg.leases else "merge"
+    nxt = a._replace(pc=pc, source=private)
+    return [(slot, label, _put(s, slot, nxt, commits=commits), False)]
+
+
+def _merge_refresh(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    renewed = lease.renew(s.leases[_key(cfg, slot)], slot)
+    if renewed is None:
+        label = "refreshes the lease before merging: taken over (LeaseLostError)"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    nxt = _put(s, slot, a._replace(pc="merge"), leases=_set_lease(cfg, s, slot, renewed))
+    return [(slot, "refreshes the lease before merging", nxt, False)]
+
+
+def _post_check_passes(cfg: FanoutConfig, s: State, slot: int, under: int, seen: int) -> bool:
+    """``_check_first_parent``: the merge sits on the head the fence saw, or on disjoint
+    Perago publications that landed on it since."""
+    if not cfg.has("postcheck") or under == seen:
+        return True
+    return decide(cfg, s, slot, under, seen) == BESIDE
+
+
+def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    why = lease.guard(s.leases[_key(cfg, slot)], slot) if cfg.leases else ""
+    if why:
+        label = f"guarded merge refused: {why}"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    scoped = a.source == private_slot(slot)
+    if s.hook and s.head != a.seen:
+        label = "merge rejected by lakeFS: 412 expected-head hook: the head moved"
+        if scoped:
+            return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+        return [
+            (slot, label + "; re-reads the head", _put(s, slot, a._replace(pc="refence")), False)
+        ]
+    source = s.commits[a.source]
+    head = s.commits[s.head]
+    base = s.commits[merge_base(s.commits, s.head, a.source)]
+    assert source is not None and head is not None and base is not None
+    tree = three_way(
+        (base.markers, base.data), (head.markers, head.data), (source.markers, source.data)
+    )
+    if tree is None:
+        label = "merge rejected by lakeFS: 409 conflict on a scope marker"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    into = merge_slot(slot)
+    commits = add_commit(
+        s.commits,
+        into,
+        (s.head, a.source),
+        kind="merge",
+        owner=slot,
+        markers=tree[0],
+        data=tree[1],
+        replaces=source.replaces,
+    )
+    moved = s._replace(commits=commits, head=into, heads=s.heads | 1 << into)
+    landed = (
+        f"merges {ref_name(cfg, a.source)} onto {ref_name(cfg, s.head)}: head {ref_name(cfg, into)}"
+    )
+    out = []
+    for lost in (False, True):
+        label = landed + ("; the answer is lost, the log shows it" if lost else "")
+        if not _post_check_passes(cfg, moved, slot, s.head, a.seen):
+            label += (
+                f"; post-publish check fails: {ref_name(cfg, s.head)} is not what the fence saw"
+            )
+            nxt = _finish(cfg, a, FAILED)
+        elif cfg.leases and not lost:
+            nxt = a._replace(pc="merge_recheck", ref=into)
+        else:
+            nxt = _finish(cfg, a, COMPLETED, into)
+        out.append((slot, label, _put(moved, slot, nxt), True))
+    return out
+
+
+def _refence(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    d = decide(cfg, s, slot, s.head)
+    label = f"publish fence again: head {ref_name(cfg, s.head)} -> {d}"
+    if d != BESIDE:
+        return [(slot, label + ": fails", _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    nxt = a._replace(pc="merge_refresh" if cfg.leases else "merge", seen=s.head)
+    return [(slot, label, _put(s, slot, nxt), False)]
+
+
+def _merge_recheck(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    if not lease.holds(s.leases[_key(cfg, slot)], slot):
+        label = "re-checks the lease after the merge: lost (LeaseLostError)"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    nxt = _finish(cfg, a, COMPLETED, a.ref)
+    return [(slot, "re-checks the lease after the merge: held", _put(s, slot, nxt), False)]
+
+
+def _noop_lease(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    got = _acquire(cfg, s, slot)
+    if got is None:
+        return []
+    nxt = a._replace(pc="noop_fence", leased=True)
+    return [(slot, "no-op: " + got[1], _put(s, slot, nxt, leases=got[0]), False)]
+
+
+def _noop_decide(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    d = decide(cfg, s, slot, s.head)
+    head = ref_name(cfg, s.head)
+    if d in (FIRST, BESIDE):
+        nxt = _finish(cfg, a, COMPLETED, ROOT)
+        label = f"no-op: head {head} -> {d}: completes with r0"
+    elif d == SCOPED:
+        nxt = a._replace(pc="scoped", seen=s.head)
+        label = f"no-op: head {head} -> scoped replacement (revert only)"
+    elif d == REPLACE:
+        nxt = a._replace(pc="reread" if cfg.leases else _tag_or_reset(cfg), seen=s.head)
+        label = f"no-op: head {head} is an abandoned publication: relocate to r0"
+    else:
+        nxt = _finish(cfg, a, FAILED)
+        label = f"no-op: head {head} -> {d}: PublishFenceError"
+    return [(slot, label, _put(s, slot, nxt), False)]
+
+
+def _reread(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    if s.head != a.seen:
+        label = f"re-reads the head under the lease: {ref_name(cfg, s.head)} moved: fails"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    label = f"re-reads the head under the lease: still {ref_name(cfg, s.head)}"
+    return [(slot, label, _put(s, slot, a._replace(pc=_tag_or_reset(cfg))), False)]
+
+
+def _tag(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    label = f"tags {ref_name(cfg, a.seen)} (perago-replaced-...)"
+    nxt = a._replace(pc="refresh" if cfg.leases else "reset")
+    return [(slot, label, _put(s, slot, nxt, tags=s.tags | 1 << a.seen), False)]
+
+
+def _refresh(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    renewed = lease.renew(s.leases[_key(cfg, slot)], slot)
+    if renewed is None:
+        label = "refreshes the lease: taken over (LeaseLostError)"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    nxt = _put(s, slot, a._replace(pc="reset"), leases=_set_lease(cfg, s, slot, renewed))
+    return [(slot, "refreshes the lease", nxt, False)]
+
+
+def _reset(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    to = ROOT if a.empty else a.source
+    if cfg.leases:
+        why = lease.guard(s.leases[_key(cfg, slot)], slot)
+        if why:
+            label = f"guarded hard reset refused: {why}"
+            return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+        nxt = a._replace(pc="recheck")
+    elif a.empty:
+        nxt = _finish(cfg, a, COMPLETED, ROOT)
+    else:
+        nxt = a._replace(pc="verify")
+    label = f"hard-resets the branch from {ref_name(cfg, s.head)} to {ref_name(cfg, to)}"
+    return [(slot, label, _put(s, slot, nxt, head=to, heads=s.heads | 1 << to), True)]
+
+
+def _recheck(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    if not lease.holds(s.leases[_key(cfg, slot)], slot):
+        label = "re-checks the lease after the reset: lost (LeaseLostError)"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    nxt = _finish(cfg, a, COMPLETED, ROOT) if a.empty else a._replace(pc="verify")
+    return [(slot, "re-checks the lease after the reset: held", _put(s, slot, nxt), False)]
+
+
+def _verify(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    if s.head != a.source:
+        label = f"verifies the head: {ref_name(cfg, s.head)}, not its staged commit: fails"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    nxt = _finish(cfg, a, COMPLETED, a.source)
+    return [(slot, "verifies the head: its staged commit", _put(s, slot, nxt), False)]
+
+
+def _release(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    key = _key(cfg, slot)
+    released = lease.release(s.leases[key], slot)
+    label = (
+        "releases the lease" if released != s.leases[key] else "releases the lease (no longer its)"
+    )
+    nxt = Attempt("done") if a.status == REPORTED else a._replace(pc="report")
+    return [(slot, label, _put(s, slot, nxt, leases=_set_lease(cfg, s, slot, released)), False)]
+
+
+def _report(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    from model.fanout import conductor
+
+    label = ""
+    under_lease = cfg.leases and a.leased and a.status == COMPLETED
+    if under_lease and lease.guard(s.leases[_key(cfg, slot)], slot):
+        label = f"guarded report refused ({lease.guard(s.leases[_key(cfg, slot)], slot)}); "
+        a = a._replace(status=FAILED, ref=NO_REF)
+    reported, effective = conductor.report(cfg, s, slot, a.status, a.ref)
+    what = a.status + (f" with output {ref_name(cfg, a.ref)}" if a.status == COMPLETED else "")
+    label += f"reports {what} ({'effective' if effective else 'ignored: the task is terminal'})"
+    nxt = a._replace(pc="release", status=REPORTED) if under_lease else Attempt("done")
+    return [(slot, label, _put(reported, slot, nxt), False)]
+
+
+Step = Callable[[FanoutConfig, State, int, Attempt], list[Transition]]
+
+_STEPS: dict[str, Step] = {
+    "fence1": lambda cfg, s, slot, a: _fence(cfg, s, slot, a, 1),
+    "stage": _stage,
+    "fence2": lambda cfg, s, slot, a: _fence(cfg, s, slot, a, 2),
+    "noop_lease": _noop_lease,
+    "noop_fence": lambda cfg, s, slot, a: _fence(cfg, s, slot, a, 2),
+    "noop_decide": _noop_decide,
+    "publish_fence": _publish_fence,
+    "scoped": _scoped,
+    "merge_refresh": _merge_refresh,
+    "merge": _merge,
+    "refence": _refence,
+    "merge_recheck": _merge_recheck,
+    "reread": _reread,
+    "tag": _tag,
+    "refresh": _refresh,
+    "reset": _reset,
+    "recheck": _recheck,
+    "verify": _verify,
+    "release": _release,
+    "report": _report,
+}
+
+STEP_NAMES = frozenset(_STEPS) | {"done"}
+
+
+def steps(cfg: FanoutConfig, s: State, slot: int) -> list[Transition]:
+    a = s.attempts[slot]
+    assert a is not None
+    return _STEPS[a.pc](cfg, s, slot, a)
