@@ -115,10 +115,13 @@ def _command(home: Path, name: str, ports: Mapping[str, int], paths: StackPaths)
             master,
             "--host",
             HOST,
+            # Two slots and 2 GiB each: the Connect server's executors take one slot and
+            # 768 MiB per worker (spark.cores.max below), leaving room for a second
+            # application (a worker's own driver on spark://) beside it.
             "--cores",
-            "1",
+            "2",
             "--memory",
-            "1g",
+            "2g",
             "--webui-port",
             "0",
             "--work-dir",
@@ -144,6 +147,8 @@ def _command(home: Path, name: str, ports: Mapping[str, int], paths: StackPaths)
         "spark.ui.enabled=false",
         "--conf",
         "spark.executor.memory=768m",
+        "--conf",
+        "spark.cores.max=2",
     ]
 
 

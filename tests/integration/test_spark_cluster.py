@@ -64,3 +64,61 @@ def test_an_executor_killed_mid_job_costs_a_spark_task_retry_not_the_attempt(
         o for o in store.list_objects(repo, out, "spark/slow/") if o.path.endswith(".parquet")
     ]
     assert parquet
+
+
+@pytest.mark.parametrize("via", ["connect", "standalone"])
+def test_the_orders_pipeline_in_place_on_the_cluster(
+    via: str,
+    spark_cluster: dict[str, str],
+    make_env: Callable[..., dict[str, str]],
+    conductor: Any,
+    store: Any,
+    repo: str,
+    tmp_path: Path,
+) -> None:
+    """The example pipeline in place (workers.orders.remote) with its executors on the
+    cluster's two workers: through the Connect server, or with the standalone master (the
+    driver in the worker process). Same results as the local pipeline; each writing step
+    publishes once; the report writes nothing and publishes nothing."""
+    import json
+    import sys
+
+    from perago.workspace import upload_all
+    from workers.orders.data import generate_orders
+
+    from .harness import ROOT
+
+    master = spark_cluster["SPARK_CONNECT_URL" if via == "connect" else "SPARK_MASTER_URL"]
+    module = "workers.orders.remote"
+    env = make_env(module, PERAGO_SPARK_MASTER=master, PYSPARK_PYTHON=sys.executable)
+    workflow = json.loads((ROOT / "workflows" / "orders_pipeline_remote.json").read_text())
+    conductor.put_workflow_defs([workflow])
+    gen = generate_orders(tmp_path / "seed", rows=5000)
+    upload_all(store, repo, "main", "orders/", tmp_path / "seed", list(gen.files), parallelism=4)
+    seed = store.commit(repo, "main", message="seed", metadata={}).id
+    with worker(env, tmp_path / "w.log", module=module) as w:
+        wid = conductor.start_workflow(
+            "orders_pipeline_remote", {"workspace": {"repository": repo, "branch": "main"}}
+        )
+        wf = wait_workflow(conductor, wid, timeout=600)
+        started = w.wait_for("spark_session_started")
+    assert started["master"] == master
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    out = wf["output"]
+    assert out["clean"]["rows_in"] == gen.rows
+    assert out["clean"]["bad_rows"] == gen.bad_rows
+    assert out["clean"]["partitions"] == 30
+    assert out["revenue"]["rows_in"] == gen.rows - gen.bad_rows
+    assert out["report"]["passed"] is True, out["report"]
+    assert out["report"]["clean_rows"] == gen.rows - gen.bad_rows
+    revenue_ref = attempts(wf, "revenue")[-1]["outputData"]["workspace"]["ref"]
+    assert out["workspace"]["ref"] == revenue_ref == store.branch_head(repo, "main")
+    pubs = publications(store, repo)
+    assert len(pubs) == 2, "clean and revenue publish once each; the report publishes nothing"
+    assert pubs[-1].parents[0] == seed
+    days = {o.path.split("/")[2] for o in store.list_objects(repo, revenue_ref, "orders/clean/")}
+    assert len([d for d in days if d.startswith("order_date=")]) == 30
+    assert any(
+        o.path.endswith(".parquet")
+        for o in store.list_objects(repo, revenue_ref, "orders/revenue/daily/")
+    )
