@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from perago import metrics, steps
 from perago.attempt import RunningAttempt
@@ -42,6 +42,7 @@ from perago.spark import spark_tag
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
+from perago.task_io import WorkspaceInput
 from perago.workspace import (
     AttemptDirectory,
     ContentCache,
@@ -65,17 +66,6 @@ SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupte
 
 #: Events carry the attempt's context from structlog's contextvars (RunningAttempt.logging).
 log = structlog.get_logger("perago.attempt")
-
-
-class WorkspaceInput(BaseModel):
-    """The ``workspace`` part of a task's input."""
-
-    model_config = ConfigDict(extra="forbid")
-    repository: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]{2,62}$")
-    branch: str = Field(min_length=1, max_length=256, pattern=r"^\w[-\w]*$")
-    ref: str | None = Field(default=None, min_length=1, max_length=256)
-    #: Join refs: start from the branch head, which must contain each of these commits.
-    after: list[str] | None = Field(default=None, max_length=1000)
 
 
 def _validation_summary(e: ValidationError) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from model.explore import Counterexample, Result
 from model.fanout.actions import actor_name
-from model.fanout.config import FanoutConfig
+from model.fanout.config import FanoutConfig, overlaps
 from model.fanout.invariants import INVARIANTS
 from model.fanout.state import NONE, State, attempt_name, ref_name
 from model.fanout.tree import NO_REF, first_parent_history
@@ -92,6 +92,8 @@ def _unreachable(cfg: FanoutConfig) -> frozenset[str]:
         out |= {"noop_lease", "noop_fence", "noop_decide"}
     if cfg.hooks == (False,) or not cfg.has("hook"):
         out.add("refence")
-    if not cfg.has("scoped-replace") or not cfg.retried:
-        out.add("scoped")
+    scopes = [cfg.scope(i) for i in range(len(cfg.steps))]
+    disjoint = any(not overlaps(a, b) for a in scopes for b in scopes)
+    if not cfg.has("scoped-replace") or not cfg.retried or not disjoint:
+        out.add("scoped")  # a retry under a sibling needs a disjoint one
     return frozenset(out)

@@ -33,6 +33,7 @@ from perago.errors import ConfigError, OrchestratorError
 from perago.lineage import ParentStep
 from perago.orchestrator import Outcome, TaskSnapshot, WorkflowStep
 from perago.task import TaskDefinition
+from perago.task_io import input_schema, output_schema
 
 __all__ = [
     "NON_WORKER_TYPES",
@@ -185,7 +186,17 @@ def task_def(defn: TaskDefinition[Any, Any]) -> dict[str, Any]:
         "timeoutPolicy": "TIME_OUT_WF",
         "inputKeys": ["workspace", "params"],
         "outputKeys": ["workspace", "result"],
+        # Stored with the definition and shown by Conductor (GET /metadata/taskdefs/NAME);
+        # Conductor OSS does not enforce them (the worker validates every input itself).
+        "inputSchema": _schema(f"{defn.name}_input", input_schema(defn)),
+        "outputSchema": _schema(f"{defn.name}_output", output_schema(defn)),
+        "enforceSchema": False,
     }
+
+
+def _schema(name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Conductor's SchemaDef: a named, versioned JSON schema."""
+    return {"name": name, "version": 1, "type": "JSON", "data": data}
 
 
 def _nested(task: dict[str, Any], workflow: str) -> Iterator[tuple[str, dict[str, Any]]]:

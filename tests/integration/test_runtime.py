@@ -498,6 +498,21 @@ def test_register_rejects_a_workflow_with_an_unknown_task(
     time.sleep(0)
 
 
+def test_registered_task_definitions_carry_their_json_schemas(
+    env: dict[str, str], unique: str
+) -> None:
+    """Conductor stores each task's input and output schema with its definition."""
+    import httpx
+
+    from tests.integration.taskmods.tasks import WriteParams
+
+    url = env["CONDUCTOR_SERVER_URL"].rstrip("/")
+    defn = httpx.get(f"{url}/metadata/taskdefs/pt_write_{unique}", timeout=10).json()
+    assert defn["inputSchema"]["data"]["properties"]["params"] == WriteParams.model_json_schema()
+    assert defn["outputSchema"]["data"]["required"] == ["workspace", "result"]
+    assert defn["enforceSchema"] is False
+
+
 def test_lease_extension_keeps_a_long_body_alive(
     env: dict[str, str],
     conductor: ConductorClient,

@@ -35,6 +35,16 @@ def test_decorated_function_keeps_its_types_and_options() -> None:
     assert d["name"] == "good_task"
     assert d["retryCount"] == 5 and d["responseTimeoutSeconds"] == 30
     assert d["timeoutSeconds"] >= d["responseTimeoutSeconds"]
+    # The models as JSON schemas, stored with the definition (Conductor OSS does not enforce).
+    assert d["inputSchema"]["name"] == "good_task_input" and d["inputSchema"]["type"] == "JSON"
+    assert d["inputSchema"]["data"]["properties"]["params"] == P.model_json_schema()
+    assert d["inputSchema"]["data"]["properties"]["workspace"]["required"] == [
+        "repository",
+        "branch",
+    ]
+    assert d["outputSchema"]["data"]["properties"]["result"] == R.model_json_schema()
+    assert d["outputSchema"]["data"]["required"] == ["workspace", "result"]
+    assert d["enforceSchema"] is False
 
 
 @pytest.mark.parametrize(
