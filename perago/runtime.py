@@ -37,7 +37,7 @@ from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
-from perago.publish.joins import check_contains
+from perago.publish.joins import check_contains, unpinned_input_ref
 from perago.spark import spark_tag
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
@@ -241,7 +241,7 @@ class AttemptRunner:
                 'head and checks it contains the "after" refs; drop "ref"'
             )
         if ws.ref is None:
-            input_ref = self._pin_unpinned_ref(ws.repository, head, me)
+            input_ref = unpinned_input_ref(self._store, ws.repository, head, me)
             if ws.after:
                 check_contains(self._store, ws.repository, ws.branch, input_ref, ws.after)
         else:
@@ -253,17 +253,6 @@ class AttemptRunner:
                     "(or omit ref to start from the branch head)"
                 ) from e
         return WorkspaceTarget(ws.repository, ws.branch, input_ref), params
-
-    def _pin_unpinned_ref(self, repository: str, head: str, me: AttemptIdentity) -> str:
-        """The input ref of an input without ``ref``: the head, unless the head is an earlier
-        attempt's publication of this very step; then that attempt's input ref, so the retry
-        replaces the abandoned publication instead of stacking a second one on top of it."""
-        owner_commit = self._store.get_commit(repository, head)
-        owner = AttemptIdentity.from_commit(owner_commit)
-        pinned = owner_commit.metadata.get("perago.input_ref")
-        if owner is not None and pinned and me.is_earlier_attempt_of_same_step(owner):
-            return pinned
-        return head
 
     def _run_checked(self, attempt: RunningAttempt) -> Outcome:
         try:

@@ -1,4 +1,6 @@
-"""Join refs: the step after a fan-out starts from a head that holds every writer's output.
+"""Where an attempt starts: join refs, and the input ref of an input without ``ref``.
+
+The step after a fan-out starts from a head that holds every writer's output.
 
 A workspace input may name the refs its input must contain (``"after": [...]``, the fork
 writers' output refs). The input ref is then the branch head, and every listed ref must be
@@ -12,9 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from perago.errors import GuardrailError, NotFoundError
+from perago.publish.identity import AttemptIdentity
 from perago.store import VersionStore
 
-__all__ = ["JOIN_HISTORY_LIMIT", "check_contains"]
+__all__ = ["JOIN_HISTORY_LIMIT", "RETRY_HISTORY_LIMIT", "check_contains", "unpinned_input_ref"]
+
+#: How far back a retry without ``ref`` looks for its earlier attempt's publication (the
+#: publish fence reads as far).
+RETRY_HISTORY_LIMIT = 500
 
 #: How far back the head's first-parent history is searched for the listed refs.
 JOIN_HISTORY_LIMIT = 1000
@@ -42,3 +49,20 @@ def check_contains(
             'workspace "after": those steps did not publish onto this branch (or it was reset '
             "since). Check that the join waits for them and that they target the same branch"
         )
+
+
+def unpinned_input_ref(store: VersionStore, repository: str, head: str, me: AttemptIdentity) -> str:
+    """The input ref of an input without ``ref``: the head, unless an earlier attempt of this
+    very step published on the branch's first-parent history (the head itself, or under
+    sibling publications of a fan-out); then that attempt's input ref. So the retry replaces
+    the abandoned publication (a scoped replacement under siblings) instead of stacking a
+    second publication of the step on top of it. A first attempt (retry 0, first delivery,
+    no retried parent) has nothing earlier and reads nothing."""
+    if me.retry_count == 0 and me.poll_count <= 1 and not any(me.lineage_retries):
+        return head
+    for commit in store.log(repository, head, amount=RETRY_HISTORY_LIMIT):
+        owner = AttemptIdentity.from_commit(commit)
+        pinned = commit.metadata.get("perago.input_ref")
+        if owner is not None and pinned and me.is_earlier_attempt_of_same_step(owner):
+            return pinned
+    return head

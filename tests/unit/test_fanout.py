@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -13,7 +14,7 @@ from perago.errors import ConflictError, GuardrailError, PublishFenceError, Task
 from perago.lineage import ParentStep, ParentSteps, step_lineage
 from perago.publish import AttemptIdentity, HeadDecision, Publisher, WorkspaceTarget
 from perago.publish import decide_publication as decide
-from perago.publish.joins import check_contains
+from perago.publish.joins import check_contains, unpinned_input_ref
 from perago.publish.scope import overlaps, render_prefix, scope_markers, template_fields
 from perago.store import Commit
 from perago.task import WorkspaceSpec, task
@@ -292,6 +293,37 @@ def test_a_retry_under_a_sibling_replaces_its_scope_without_undoing_the_sibling(
     history = [c.id for c in store.log("r", "main", amount=10)]
     assert abandoned in history  # reachable, never reset away
     assert store.list_branches("r", prefix="perago-stg-") == []
+
+
+def test_an_unpinned_retry_under_a_sibling_starts_from_its_earlier_attempts_input(
+    tmp_path: Path,
+) -> None:
+    """Without ``ref`` a retry would start from the head (the sibling's publication) and
+    publish its step a second time beside the abandoned one; it pins the earlier attempt's
+    input ref instead, so the fence sees a scoped replacement."""
+
+    class Counting(MemoryStore):
+        logs = 0
+
+        def log(self, *args: Any, **kwargs: Any) -> Any:
+            self.logs += 1
+            return super().log(*args, **kwargs)
+
+    store = Counting()
+    store.create_repository("r")
+    base = store.branch_head("r", "main")
+    first = ident("left", "a/l/", task_id="l0", retry=0)
+    _publish_part(store, first, tmp_path, base, {"x.txt": "first"})
+    sibling = _publish_part(store, RIGHT, tmp_path, base, {"y.txt": "right"})
+    retry = ident("left", "a/l/", task_id="l1", retry=1)
+    assert unpinned_input_ref(store, "r", sibling, retry) == base
+    out = _publish_part(store, retry, tmp_path, base, {"x.txt": "retry"})
+    assert store.get_commit("r", out).metadata["perago.replaces"]
+    # another step's retry, and a first attempt (which reads nothing), start from the head
+    assert unpinned_input_ref(store, "r", out, ident("other", "b/", retry=1)) == out
+    before = store.logs
+    assert unpinned_input_ref(store, "r", out, ident("new", "c/")) == out
+    assert store.logs == before
 
 
 class _Parents:
