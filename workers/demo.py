@@ -74,7 +74,7 @@ def main() -> int:
 
     register(
         conductor,
-        discover([MODULE, "workers.smoke.tasks", "perago.wap"]),
+        discover([MODULE, "workers.orders.remote", "workers.smoke.tasks", "perago.wap"]),
         load_workflows(ROOT / "workflows"),
     )
     log_path = info.stack_dir / "logs" / f"demo-worker-{repo}.log"
