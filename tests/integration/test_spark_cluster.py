@@ -122,3 +122,49 @@ def test_the_orders_pipeline_in_place_on_the_cluster(
         o.path.endswith(".parquet")
         for o in store.list_objects(repo, revenue_ref, "orders/revenue/daily/")
     )
+
+
+def test_raw_orders_generated_on_the_cluster_have_every_kind_of_bad_row(
+    spark_cluster: dict[str, str],
+    make_env: Callable[..., dict[str, str]],
+    conductor: Any,
+    store: Any,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """``orders_generate_remote`` (the benchmark's data at any size) writes CSV with the
+    columns of ``workers.orders.data`` and about 2% bad rows of its five kinds."""
+    import csv
+    import io
+    import sys
+
+    env = make_env(
+        "workers.orders.remote",
+        PERAGO_SPARK_MASTER=spark_cluster["SPARK_CONNECT_URL"],
+        PYSPARK_PYTHON=sys.executable,
+    )
+    name = f"cl_generate_{unique}"
+    one_step(conductor, name, "orders_generate_remote", {"rows": 20000, "files": 2})
+    with worker(env, tmp_path / "w.log", module="workers.orders.remote"):
+        wf = wait_workflow(conductor, start(conductor, name, repo), timeout=300)
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    ref = wf["output"]["workspace"]["ref"]
+    rows = []
+    for o in store.list_objects(repo, ref, "orders/raw/"):
+        if o.path.endswith(".csv"):
+            buf = io.BytesIO()
+            store.download(repo, ref, o.path, buf)
+            rows += list(csv.DictReader(io.StringIO(buf.getvalue().decode())))
+    assert len(rows) == 20000
+    assert len({r["order_id"] for r in rows}) == 20000
+    kinds = {
+        "missing_customer": sum(r["customer_id"] == "" for r in rows),
+        "bad_amount": sum(r["amount"] == "n/a" for r in rows),
+        "negative_amount": sum(r["amount"].startswith("-") for r in rows),
+        "bad_date": sum(r["order_date"] == "2026-13-45" for r in rows),
+        "bad_currency": sum(r["currency"] != "EUR" for r in rows),
+    }
+    assert all(n > 0 for n in kinds.values()), kinds
+    assert 0.01 * 20000 < sum(kinds.values()) < 0.03 * 20000, kinds
+    assert len({r["order_date"] for r in rows}) == 31  # 30 days and the bad date
