@@ -11,7 +11,8 @@ one merge commit per attempt), so two runs that build the same graph build equal
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 __all__ = [
     "FOREIGN",
@@ -32,6 +33,16 @@ __all__ = [
 NO_REF = -1
 ROOT = 0  # the initial head: the input ref of the step (pinned or read from the head)
 FOREIGN = 1  # the foreign writer's commit
+
+
+class Node(Protocol):
+    """What the graph walks need of a commit (this model's, or the fan-out model's)."""
+
+    @property
+    def parents(self) -> tuple[int, ...]: ...
+
+    @property
+    def ancestors(self) -> int: ...
 
 
 class Commit(NamedTuple):
@@ -84,7 +95,7 @@ def add_commit(
     return (*commits[:ref], commit, *commits[ref + 1 :])
 
 
-def first_parent_history(commits: tuple[Commit | None, ...], head: int) -> list[int]:
+def first_parent_history(commits: Sequence[Node | None], head: int) -> list[int]:
     """Head first: the publication history of the branch (``log --first-parent``)."""
     out = []
     ref = head
@@ -97,7 +108,7 @@ def first_parent_history(commits: tuple[Commit | None, ...], head: int) -> list[
         ref = commit.parents[0]
 
 
-def reachable(commits: tuple[Commit | None, ...], refs: int) -> int:
+def reachable(commits: Sequence[Node | None], refs: int) -> int:
     """Bitmask of every commit reachable from the commits in the bitmask ``refs``."""
     out = 0
     ref = 0

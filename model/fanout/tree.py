@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from model.store import first_parent_history, reachable
+
 __all__ = [
     "ABSENT",
     "FOREIGN",
@@ -85,30 +87,6 @@ def add_commit(
     fp = (1 << ref) | (first.first_parents if first is not None else 0)
     commit = Commit(parents, kind, owner, markers, data, replaces, anc, fp)
     return (*commits[:ref], commit, *commits[ref + 1 :])
-
-
-def first_parent_history(commits: tuple[Commit | None, ...], head: int) -> list[int]:
-    out = []
-    ref = head
-    while True:
-        out.append(ref)
-        commit = commits[ref]
-        assert commit is not None
-        if not commit.parents:
-            return out
-        ref = commit.parents[0]
-
-
-def reachable(commits: tuple[Commit | None, ...], refs: int) -> int:
-    out = 0
-    ref = 0
-    while refs >> ref:
-        if refs >> ref & 1:
-            commit = commits[ref]
-            assert commit is not None
-            out |= commit.ancestors
-        ref += 1
-    return out
 
 
 def merge_base(commits: tuple[Commit | None, ...], a: int, b: int) -> int:
