@@ -1,4 +1,4 @@
-"""(h) Spark beyond one machine: the orders pipeline at 1 M and 10 M rows in three modes.
+"""(j) Spark beyond one machine: the orders pipeline at 1 M and 10 M rows in three modes.
 
 - ``local[2]`` projection (``workers.orders.tasks``): the worker downloads ``orders/`` into
   its attempt directory, Spark runs in a driver JVM under the worker, the output is uploaded;
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "standalone": cluster.master_url,
         "connect": cluster.connect_url,
     }
-    print(f"(h) orders pipeline by Spark mode, repository {repo}, load {os.getloadavg()[0]:.1f}")
+    print(f"(j) orders pipeline by Spark mode, repository {repo}, load {os.getloadavg()[0]:.1f}")
     seeds: dict[int, str] = {}
     gen = _worker(
         "workers.orders.remote",
