@@ -226,6 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     wf = _wait(conductor, wid)
             finally:
                 _stop(proc)
+            out = wf["output"]
+            if out["clean"]["rows_in"] != rows or not out["report"]["passed"]:
+                raise BenchmarkError(
+                    f"{mode} at {rows:,} rows: clean read {out['clean']['rows_in']:,} rows, "
+                    f"report passed={out['report']['passed']}: the pipeline's results are wrong"
+                )
             times = {
                 t["referenceTaskName"]: _seconds(t)
                 for t in wf["tasks"]
