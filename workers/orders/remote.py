@@ -17,19 +17,18 @@ from pydantic import BaseModel, Field
 
 from perago import RemoteWorkspace, TaskError, WorkspaceSpec, task
 from workers.orders.tasks import (
+    RAW_SCHEMA,
     CleanParams,
     CleanResult,
     ReportParams,
     ReportResult,
     RevenueParams,
     RevenueResult,
+    clean_orders,
+    daily_revenue,
 )
 
 ORDERS = WorkspaceSpec(prefix="orders/", in_place=True)
-RAW_SCHEMA = (
-    "order_id STRING, customer_id STRING, segment STRING, order_date STRING, "
-    "amount STRING, currency STRING"
-)
 
 
 class GenerateParams(BaseModel):
@@ -85,7 +84,6 @@ def orders_generate_remote(
 @task("orders_clean_remote", workspace=ORDERS)
 def orders_clean_remote(workspace: RemoteWorkspace, params: CleanParams, spark: Any) -> CleanResult:
     """``orders_clean`` in place: bad rows dropped, parquet by date under ``orders/clean/``."""
-    from pyspark.sql import functions as F
 
     try:
         df = spark.read.csv(workspace.input_uri + "raw/", header=True, schema=RAW_SCHEMA)
@@ -96,21 +94,7 @@ def orders_clean_remote(workspace: RemoteWorkspace, params: CleanParams, spark: 
                 "no raw orders under orders/raw/: load data first", non_retryable=True
             ) from e
         raise
-    typed = df.select(
-        "order_id",
-        "customer_id",
-        "segment",
-        F.try_to_date("order_date", "yyyy-MM-dd").alias("order_date"),
-        F.col("amount").try_cast("decimal(12,2)").alias("amount"),
-        "currency",
-    )
-    clean = typed.where(
-        (F.coalesce(F.length("customer_id"), F.lit(0)) > 0)
-        & F.col("amount").isNotNull()
-        & (F.col("amount") >= F.lit(max(params.min_amount, 0.0)))
-        & F.col("order_date").isNotNull()
-        & (F.col("currency") == "EUR")
-    )
+    clean = clean_orders(df, params.min_amount)
     out = workspace.output_uri + "clean/"
     clean.write.mode("overwrite").partitionBy("order_date").parquet(out)
     written = spark.read.parquet(out)
@@ -130,12 +114,9 @@ def orders_daily_revenue_remote(
     workspace: RemoteWorkspace, params: RevenueParams, spark: Any
 ) -> RevenueResult:
     """``orders_daily_revenue`` in place: revenue and orders per day and segment."""
-    from pyspark.sql import functions as F
 
     clean = spark.read.parquet(workspace.input_uri + "clean/")
-    daily = clean.groupBy("order_date", "segment").agg(
-        F.round(F.sum("amount"), 2).alias("revenue"), F.count("*").alias("orders")
-    )
+    daily = daily_revenue(clean)
     out = workspace.output_uri + "revenue/daily/"
     daily.coalesce(1).write.mode("overwrite").parquet(out)
     written = spark.read.parquet(out)

@@ -23,6 +23,44 @@ def tidy_spark_output(path: Path) -> None:
             p.rmdir()
 
 
+#: The raw CSV columns, all read as text: parsing is part of cleaning.
+RAW_SCHEMA = (
+    "order_id STRING, customer_id STRING, segment STRING, order_date STRING, "
+    "amount STRING, currency STRING"
+)
+
+
+def clean_orders(raw: Any, min_amount: float) -> Any:
+    """Typed rows without the bad ones (no customer, bad or negative amount, bad date, not
+    EUR): the cleaning rule, shared by the local and the in-place pipeline."""
+    from pyspark.sql import functions as F
+
+    typed = raw.select(
+        "order_id",
+        "customer_id",
+        "segment",
+        F.try_to_date("order_date", "yyyy-MM-dd").alias("order_date"),
+        F.col("amount").try_cast("decimal(12,2)").alias("amount"),
+        "currency",
+    )
+    return typed.where(
+        (F.coalesce(F.length("customer_id"), F.lit(0)) > 0)
+        & F.col("amount").isNotNull()
+        & (F.col("amount") >= F.lit(max(min_amount, 0.0)))
+        & F.col("order_date").isNotNull()
+        & (F.col("currency") == "EUR")
+    )
+
+
+def daily_revenue(clean: Any) -> Any:
+    """Revenue and order count per day and customer segment."""
+    from pyspark.sql import functions as F
+
+    return clean.groupBy("order_date", "segment").agg(
+        F.round(F.sum("amount"), 2).alias("revenue"), F.count("*").alias("orders")
+    )
+
+
 class CleanParams(BaseModel):
     min_amount: float = 0.0
 
@@ -38,34 +76,12 @@ class CleanResult(BaseModel):
 @task("orders_clean", workspace=ORDERS)
 def orders_clean(workspace: Path, params: CleanParams, spark: Any) -> CleanResult:
     """Drop bad rows (no customer, bad or negative amount, bad date, not EUR); parquet by date."""
-    from pyspark.sql import functions as F
 
     raw = workspace / "raw"
     if not raw.is_dir() or not any(raw.glob("*.csv")):
         raise TaskError("no raw orders under orders/raw/: load data first", non_retryable=True)
-    df = spark.read.csv(
-        str(raw),
-        header=True,
-        schema=(
-            "order_id STRING, customer_id STRING, segment STRING, order_date STRING, "
-            "amount STRING, currency STRING"
-        ),
-    )
-    typed = df.select(
-        "order_id",
-        "customer_id",
-        "segment",
-        F.try_to_date("order_date", "yyyy-MM-dd").alias("order_date"),
-        F.col("amount").try_cast("decimal(12,2)").alias("amount"),
-        "currency",
-    )
-    clean = typed.where(
-        (F.coalesce(F.length("customer_id"), F.lit(0)) > 0)
-        & F.col("amount").isNotNull()
-        & (F.col("amount") >= F.lit(max(params.min_amount, 0.0)))
-        & F.col("order_date").isNotNull()
-        & (F.col("currency") == "EUR")
-    )
+    df = spark.read.csv(str(raw), header=True, schema=RAW_SCHEMA)
+    clean = clean_orders(df, params.min_amount)
     rows_in = df.count()
     clean.write.mode("overwrite").partitionBy("order_date").parquet(str(workspace / "clean"))
     tidy_spark_output(workspace / "clean")
@@ -98,12 +114,9 @@ class RevenueResult(BaseModel):
 @task("orders_daily_revenue", workspace=ORDERS)
 def orders_daily_revenue(workspace: Path, params: RevenueParams, spark: Any) -> RevenueResult:
     """Revenue and order count per day and customer segment."""
-    from pyspark.sql import functions as F
 
     clean = spark.read.parquet(str(workspace / "clean"))
-    daily = clean.groupBy("order_date", "segment").agg(
-        F.round(F.sum("amount"), 2).alias("revenue"), F.count("*").alias("orders")
-    )
+    daily = daily_revenue(clean)
     daily.coalesce(1).write.mode("overwrite").parquet(str(workspace / "revenue" / "daily"))
     tidy_spark_output(workspace / "revenue")
     out = spark.read.parquet(str(workspace / "revenue" / "daily"))
