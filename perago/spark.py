@@ -40,13 +40,17 @@ def s3a_jars(settings: Settings) -> list[Path]:
     return jars
 
 
-def s3a_conf(settings: Settings, *, connect: bool = False) -> dict[str, str]:
+def s3a_conf(settings: Settings, *, connect: bool = False, local: bool = False) -> dict[str, str]:
     """Spark settings that route ``s3a://<repo>/<ref>/<path>`` to the lakeFS S3 gateway.
 
     Classic sessions get the connector's jars from ``PERAGO_SPARK_JARS_DIR`` (no network at
-    run time), else from Maven Central through Ivy on first use. A Spark Connect server must
-    carry the jars itself (``--jars``); the client sets the ``fs.s3a.*`` options as session
-    settings, which Spark applies to the Hadoop configuration of each read and write.
+    run time), else from Maven Central through Ivy on first use. With a ``local`` master the
+    executors live in the driver JVM, so the jars go on its class path where they lie;
+    ``spark.jars`` would copy their 660 MB into a temporary folder at every session start,
+    left behind whenever the JVM is killed. A cluster master ships them with ``spark.jars``.
+    A Spark Connect server must carry the jars itself (``--jars``); the client sets the
+    ``fs.s3a.*`` options as session settings, which Spark applies to the Hadoop
+    configuration of each read and write.
     """
     endpoint = settings.lakefs_endpoint
     hadoop = {
@@ -62,7 +66,9 @@ def s3a_conf(settings: Settings, *, connect: bool = False) -> dict[str, str]:
         return hadoop
     conf = {f"spark.hadoop.{k}": v for k, v in hadoop.items()}
     jars = s3a_jars(settings)
-    if jars:
+    if jars and local:
+        conf["spark.driver.extraClassPath"] = os.pathsep.join(str(j) for j in jars)
+    elif jars:
         conf["spark.jars"] = ",".join(str(j) for j in jars)
     else:
         log.warning(
@@ -224,7 +230,11 @@ class SparkSessions:
                 f"-Dlog4j2.configurationFile=file:{_log4j2_config()}",
             )
         if self._s3a:
-            for key, value in s3a_conf(self._settings, connect=target.connect).items():
+            s3a = s3a_conf(self._settings, connect=target.connect, local=target.local)
+            for key, value in s3a.items():
+                if key == "spark.driver.extraClassPath" and conf.get(key):
+                    value = f"{conf[key]}{os.pathsep}{value}"  # the user's entries first
+                    conf[key] = value
                 conf.setdefault(key, value)
         for key, value in conf.items():
             if key not in ("spark.master", "spark.remote"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -184,6 +185,10 @@ def up(*, progress: bool = False, env: Mapping[str, str] | None = None) -> Spark
         "PYSPARK_PYTHON": sys.executable,
         "SPARK_LOG_DIR": str(paths.logs),
         "SPARK_NO_DAEMONIZE": "1",
+        # Every application copies the S3A jars (660 MB) into each worker's work folder:
+        # drop a finished application's folder a minute after it ends.
+        "SPARK_WORKER_OPTS": "-Dspark.worker.cleanup.enabled=true "
+        "-Dspark.worker.cleanup.interval=60 -Dspark.worker.cleanup.appDataTtl=60",
     }
     for name in PROCESSES:
         if _pid(paths, name) is not None:
@@ -236,4 +241,6 @@ def down() -> list[str]:
             os.killpg(pid, signal.SIGKILL)
         paths.pid_file(name).unlink(missing_ok=True)
         stopped.append(name)
+    for work in (paths.data / "spark").glob("spark-worker-*"):
+        shutil.rmtree(work, ignore_errors=True)  # scratch: applications' jars and logs
     return stopped

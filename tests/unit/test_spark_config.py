@@ -49,6 +49,11 @@ def test_s3a_jars_come_from_the_build_not_from_ivy(tmp_path: Path) -> None:
     ]
     assert "spark.jars.packages" not in conf
     assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    # A local master runs the executors in the driver JVM: the jars go on its class path
+    # where they lie (spark.jars would copy 660 MB into /tmp at every session start).
+    local = s3a_conf(settings, local=True)
+    assert "spark.jars" not in local
+    assert local["spark.driver.extraClassPath"].split(":") == conf["spark.jars"].split(",")
     assert "spark.jars.packages" in s3a_conf(load(env={}))  # nothing fetched: Ivy, warned
     connect = s3a_conf(settings, connect=True)  # the server carries the jars
     assert "spark.jars" not in connect and connect["fs.s3a.path.style.access"] == "true"
