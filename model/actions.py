@@ -16,6 +16,7 @@ from model.store import FOREIGN, add_commit, reachable, staged_slot
 __all__ = [
     "CLOCK",
     "CONDUCTOR",
+    "ENVIRONMENT",
     "FOREIGN_WRITER",
     "JANITOR",
     "actor_name",
@@ -29,14 +30,17 @@ CONDUCTOR, FOREIGN_WRITER, CLOCK, JANITOR = -1, -2, -3, -4
 Transition = worker.Transition
 
 
+#: Names of the actors that are not attempts (the fan-out model has the same ones).
+ENVIRONMENT = {
+    CONDUCTOR: "Conductor",
+    FOREIGN_WRITER: "foreign writer",
+    CLOCK: "time",
+    JANITOR: "janitor",
+}
+
+
 def actor_name(cfg: Config, actor: int) -> str:
-    names = {
-        CONDUCTOR: "Conductor",
-        FOREIGN_WRITER: "foreign writer",
-        CLOCK: "time",
-        JANITOR: "janitor",
-    }
-    return names[actor] if actor < 0 else attempt_name(cfg, actor)
+    return ENVIRONMENT[actor] if actor < 0 else attempt_name(cfg, actor)
 
 
 def _live(s: State) -> list[int]:

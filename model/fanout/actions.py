@@ -4,6 +4,7 @@ writer, lease expiry, the janitor and crashes (as in ``model.actions``)."""
 from __future__ import annotations
 
 from model import lease
+from model.actions import CLOCK, CONDUCTOR, ENVIRONMENT, FOREIGN_WRITER, JANITOR
 from model.fanout import conductor, worker
 from model.fanout.config import FanoutConfig
 from model.fanout.state import DONE, LIVE_TASK, Attempt, State, attempt_name, ref_name
@@ -26,19 +27,11 @@ __all__ = [
     "terminal",
 ]
 
-CONDUCTOR, FOREIGN_WRITER, CLOCK, JANITOR = -1, -2, -3, -4
-
 Transition = worker.Transition
 
 
 def actor_name(cfg: FanoutConfig, actor: int) -> str:
-    names = {
-        CONDUCTOR: "Conductor",
-        FOREIGN_WRITER: "foreign writer",
-        CLOCK: "time",
-        JANITOR: "janitor",
-    }
-    return names[actor] if actor < 0 else attempt_name(cfg, actor)
+    return ENVIRONMENT[actor] if actor < 0 else attempt_name(cfg, actor)
 
 
 def _live(s: State) -> list[int]:

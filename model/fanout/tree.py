@@ -25,12 +25,14 @@ __all__ = [
     "claim",
     "first_parent_history",
     "merge_base",
+    "merge_into",
     "merge_slot",
     "private_slot",
     "reachable",
     "revert",
     "staged_slot",
     "three_way",
+    "tree_of",
 ]
 
 NO_REF = -1
@@ -134,6 +136,23 @@ def three_way(
 def _bits(base: int, dst: int, src: int) -> int:
     changed_dst = base ^ dst
     return (dst & changed_dst) | (src & ~changed_dst)
+
+
+def tree_of(commit: Commit) -> tuple[tuple[int, ...], int]:
+    return commit.markers, commit.data
+
+
+def merge_into(
+    commits: tuple[Commit | None, ...],
+    tree: tuple[tuple[int, ...], int],
+    into: int,
+    source: int,
+) -> tuple[tuple[int, ...], int] | None:
+    """Merge commit ``source`` into ``tree`` (the content at or built on commit ``into``):
+    a 3-way merge over their best common ancestor; None on a conflict (409)."""
+    base, src = commits[merge_base(commits, into, source)], commits[source]
+    assert base is not None and src is not None
+    return three_way(tree_of(base), tree, tree_of(src))
 
 
 def revert(

@@ -35,12 +35,12 @@ from model.fanout.tree import (
     add_commit,
     claim,
     first_parent_history,
-    merge_base,
+    merge_into,
     merge_slot,
     private_slot,
     revert,
     staged_slot,
-    three_way,
+    tree_of,
 )
 
 __all__ = ["RESET_WINDOW", "Transition", "decide", "steps"]
@@ -234,10 +234,7 @@ def _scoped(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transiti
             undo |= 1 << ref
     parents: tuple[int, ...] = (a.seen,)
     if tree is not None and not a.empty:
-        staged = s.commits[a.source]
-        base = s.commits[merge_base(s.commits, a.seen, a.source)]
-        assert staged is not None and base is not None
-        tree = three_way((base.markers, base.data), tree, (staged.markers, staged.data))
+        tree = merge_into(s.commits, tree, a.seen, a.source)
         parents = (a.seen, a.source)
     if tree is None:
         label = "scoped replacement: a revert or the merge conflicts (PublishFenceError)"
@@ -290,13 +287,9 @@ def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
         return [
             (slot, label + "; re-reads the head", _put(s, slot, a._replace(pc="refence")), False)
         ]
-    source = s.commits[a.source]
-    head = s.commits[s.head]
-    base = s.commits[merge_base(s.commits, s.head, a.source)]
-    assert source is not None and head is not None and base is not None
-    tree = three_way(
-        (base.markers, base.data), (head.markers, head.data), (source.markers, source.data)
-    )
+    source, head = s.commits[a.source], s.commits[s.head]
+    assert source is not None and head is not None
+    tree = merge_into(s.commits, tree_of(head), s.head, a.source)
     if tree is None:
         label = "merge rejected by lakeFS: 409 conflict on a scope marker"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
