@@ -50,6 +50,10 @@ class HeldLease:
     def release(self) -> None:
         self.manager.release(self.grant)
 
+    def release_soon(self, on_error: Callable[[Exception], None]) -> None:
+        """Release in the background (see :meth:`LeaseManager.release_soon`)."""
+        self.manager.release_soon(self.grant, on_error)
+
 
 class BranchLeases:
     """Hands out the lease of a target branch; thread-safe, one per worker process."""

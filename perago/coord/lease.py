@@ -19,10 +19,12 @@ window and re-reads the lease after each write.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -42,6 +44,8 @@ __all__ = ["LEASE_PREFIX", "Grant", "LeaseManager", "LeaseRecord"]
 
 T = TypeVar("T")
 LEASE_PREFIX = "leases/"
+#: Marks the background releaser's thread (its own release must not wait for itself).
+_releasing_thread = threading.local()
 log = structlog.get_logger("perago.coord.lease")
 
 
@@ -99,6 +103,10 @@ class LeaseManager:
         #: key -> the record this manager last wrote, if its write succeeded: the version
         #: a release or the next acquire expects (a compare-and-swap on it replaces a read)
         self._wrote: dict[str, Versioned] = {}
+        #: key -> a release running in the background (:meth:`release_soon`); every read or
+        #: write of that key by this manager waits for it first, so it is never overtaken
+        self._releasing: dict[str, Future[None]] = {}
+        self._releaser: ThreadPoolExecutor | None = None
 
     # -- granting ----------------------------------------------------------------------------
 
@@ -107,6 +115,7 @@ class LeaseManager:
         if not owner:
             raise ValueError("a lease owner must be a non-empty string")
         key = _key(name)
+        self._settle(key)
         deadline = self._clock() + wait.total_seconds()
         # Our own release is the likely current version: try a swap on it before reading.
         # Only a released record is trusted this way (a held one must be watched); if
@@ -175,6 +184,7 @@ class LeaseManager:
 
     def holder(self, name: str) -> LeaseRecord | None:
         """The lease's record if someone holds it now (one read; no watch is started)."""
+        self._settle(_key(name))
         record = _parse(name, self._store.get(_key(name)))
         return record if record is not None and record.held else None
 
@@ -190,9 +200,34 @@ class LeaseManager:
         """Re-read the lease: LeaseLostError unless it is still ours with the same token."""
         self._ours(grant)
 
+    def release_soon(self, grant: Grant, on_error: Callable[[Exception], None]) -> None:
+        """:meth:`release` on a background thread, so the caller does not wait for it.
+
+        The lease is free a write later than with :meth:`release`, never earlier, and this
+        manager's next acquire, read or release of it waits for the release first. A release
+        that fails goes to ``on_error`` (the lease then expires by itself, as when a holder
+        dies). Releases still running when the interpreter exits are finished first.
+        """
+        key = _key(grant.name)
+        run = contextvars.copy_context().run  # the caller's log context goes along
+
+        def release() -> None:
+            _releasing_thread.active = True
+            try:
+                run(self.release, grant)
+            except Exception as e:  # noqa: BLE001 - reported to the caller's handler
+                run(on_error, e)
+
+        with self._lock:
+            if self._releaser is None:
+                self._releaser = ThreadPoolExecutor(1, thread_name_prefix="perago-lease-release")
+            self._releasing[key] = self._releaser.submit(release)
+
     def release(self, grant: Grant) -> None:
         """Give the lease up (keeping its token for the next grant); no-op if already lost."""
         key = _key(grant.name)
+        if not getattr(_releasing_thread, "active", False):
+            self._settle(key)
         # The version this manager wrote for the grant is the expected one unless someone
         # took over: swap on it without a read first; the read path decides otherwise.
         current = self._last_written(key, grant.name, held=True)
@@ -222,8 +257,12 @@ class LeaseManager:
         caller must pass it on to the real I/O. LeaseExpiringError (renew first) if less than
         the margin is left; LeaseLostError if the lease is not ours before or after.
         """
-        self.check(grant)
         budget = grant.expires_at - self._clock() - self._margin
+        if budget <= 0 or not self._granted_here(grant):
+            # While the grant lasts on this manager's clock no taker can hold it (a taker
+            # must watch our own write for ttl x skew first): the read is needed only to
+            # tell a lost lease from an expiring one, or for a grant written elsewhere.
+            self.check(grant)
         if budget <= 0:
             raise LeaseExpiringError(
                 f"lease {grant.name!r} (token {grant.token}) has less than its safety margin "
@@ -279,6 +318,21 @@ class LeaseManager:
         with self._lock:
             self._wrote[key] = Versioned(body, version)
         return version
+
+    def _settle(self, key: str) -> None:
+        """Wait for a background release of ``key`` (its outcome was already reported)."""
+        with self._lock:
+            pending = self._releasing.get(key)
+        if pending is not None:
+            pending.result()
+            with self._lock:
+                if self._releasing.get(key) is pending:
+                    del self._releasing[key]
+
+    def _granted_here(self, grant: Grant) -> bool:
+        """Whether this manager's last write of the lease is ``grant``'s record."""
+        record = _parse(grant.name, self._last_written(_key(grant.name), grant.name, held=True))
+        return record is not None and _same(record, grant)
 
     def _last_written(self, key: str, name: str, *, held: bool) -> Versioned | None:
         with self._lock:

@@ -10,7 +10,8 @@ import contextlib
 import contextvars
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,12 +72,49 @@ _report_box: contextvars.ContextVar[ReportLease | None] = contextvars.ContextVar
 
 
 def release_lease(lease: HeldLease) -> None:
-    """Release a branch lease; a failure is only logged (it expires by itself)."""
-    try:
-        lease.release()
-        log.info("branch_lease_released", fencing_token=lease.token)
-    except Exception as e:  # noqa: BLE001 - it expires by itself; never mask the result
+    """Release a branch lease in the background; a failure is only logged (it expires by
+    itself). Nothing waits for it: the publication or report is decided already, and this
+    process's next use of the lease waits for the release (measured in docs/benchmarks.md)."""
+
+    def failed(e: Exception) -> None:
         log.warning("lease_release_failed", fencing_token=lease.token, error=str(e))
+
+    lease.release_soon(failed)
+    log.info("branch_lease_releasing", fencing_token=lease.token)
+
+
+#: A diff at most this large takes the branch lease while it uploads (see
+#: :meth:`Publisher._lease_during_upload`): its upload holds the lease for tens of ms at most.
+EARLY_LEASE_MAX_FILES = 64
+EARLY_LEASE_MAX_BYTES = 4 * 1024 * 1024
+
+
+class _EarlyLease:
+    """A branch lease being taken on a thread of its own while the caller does other work.
+
+    Exactly one of :meth:`take` (the caller now owns the lease) and :meth:`drop` (released
+    once granted) gives it a home, so a lease taken for nothing is never left held.
+    """
+
+    def __init__(self, take: Callable[[], HeldLease]) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="perago-lease-take")
+        self._future = self._pool.submit(contextvars.copy_context().run, take)
+        self._pool.shutdown(wait=False)
+        self._taken = False
+
+    def take(self) -> HeldLease:
+        self._taken = True
+        return self._future.result()
+
+    def drop(self) -> None:
+        """Release the lease once granted, unless taken; the caller does not wait for it."""
+        if not self._taken:
+            self._future.add_done_callback(_release_if_granted)
+
+
+def _release_if_granted(future: Future[HeldLease]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        release_lease(future.result())
 
 
 class Publisher:
@@ -111,11 +149,32 @@ class Publisher:
         self._fence(me, 1)
         if diff.is_empty:
             return self._confirm_noop(me, target)
+        early = self._lease_during_upload(me, target, workspace, diff)
         try:
             branch = self._stage(me, target, prefix, workspace, diff)
-            return self._commit_and_confirm(me, target, branch, **diff.summary())
+            return self._commit_and_confirm(me, target, branch, early=early, **diff.summary())
         finally:
+            if early is not None:
+                early.drop()
             self.cancel(target.repository, staging_branch_name(me))
+
+    def _lease_during_upload(
+        self, me: AttemptIdentity, target: WorkspaceTarget, workspace: Path, diff: Diff
+    ) -> _EarlyLease | None:
+        """For a small diff, start taking the branch lease while it uploads.
+
+        Its round trips then cost no time of their own; a large upload would hold the lease
+        (and keep fan-out siblings waiting) for as long as it takes, so it waits as before.
+        """
+        if self._leases is None or len(diff.uploads) > EARLY_LEASE_MAX_FILES:
+            return None
+        try:
+            size = sum((workspace / p).stat().st_size for p in diff.uploads)
+        except OSError:
+            return None  # the upload reports it
+        if size > EARLY_LEASE_MAX_BYTES:
+            return None
+        return _EarlyLease(lambda: self._take_lease(me, target))
 
     def publish_branch(self, me: AttemptIdentity, target: WorkspaceTarget, source: str) -> str:
         """Publish onto ``target`` everything ``source`` (a ref of a write-audit-publish
@@ -190,10 +249,11 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         branch: str,
+        early: _EarlyLease | None = None,
         **counts: int,
     ) -> str:
         """Under the branch lease: the staged commit, attempt fence 2, publish fence, Confirm."""
-        with self._branch_lease(me, target) as lease:
+        with self._branch_lease(me, target, early) as lease:
             staged = self._commit_staging(me, target, branch, lease, **counts)
             steps.reached(Boundary.AFTER_STAGE)
             self._fence(me, 2)
@@ -557,7 +617,7 @@ class Publisher:
 
     @contextlib.contextmanager
     def _branch_lease(
-        self, me: AttemptIdentity, target: WorkspaceTarget
+        self, me: AttemptIdentity, target: WorkspaceTarget, early: _EarlyLease | None = None
     ) -> Iterator[HeldLease | None]:
         """Hold the target branch's lease (if configured) from the staged commit to Confirm,
         and on success on until the report (:meth:`take_report_lease`).
@@ -569,10 +629,7 @@ class Publisher:
         if self._leases is None:
             yield None
             return
-        lease = self._leases.acquire(
-            target.repository, target.branch, f"{me.task_id}-p{me.poll_count}"
-        )
-        log.info("branch_lease_acquired", fencing_token=lease.token, branch=target.branch)
+        lease = early.take() if early is not None else self._take_lease(me, target)
         try:
             steps.reached(Boundary.AFTER_LEASE)
             yield lease
@@ -586,6 +643,14 @@ class Publisher:
         box.lease = lease
         log.info("branch_lease_kept_for_report", fencing_token=lease.token)
 
+    def _take_lease(self, me: AttemptIdentity, target: WorkspaceTarget) -> HeldLease:
+        assert self._leases is not None
+        lease = self._leases.acquire(
+            target.repository, target.branch, f"{me.task_id}-p{me.poll_count}"
+        )
+        log.info("branch_lease_acquired", fencing_token=lease.token, branch=target.branch)
+        return lease
+
     def _reset(
         self,
         me: AttemptIdentity,
@@ -596,8 +661,9 @@ class Publisher:
     ) -> None:
         """Hard-reset the target (no CAS in lakeFS): under the branch lease when configured.
 
-        The lease serializes Perago's resetters of one branch; the head is re-read under it,
-        the reset runs only while the lease surely lasts and the lease is re-checked after it,
+        The lease serializes Perago's resetters of one branch; the head is re-read under it
+        (while the replaced head is tagged: a tag too many is harmless, a wait is not), the
+        reset runs only while the lease surely lasts and the lease is re-checked after it,
         so a paused holder that lost it stops with LeaseLostError instead of resetting.
         """
         repo = target.repository
@@ -605,12 +671,15 @@ class Publisher:
             self._keep_reachable(repo, seen_head, me)
             self._store.hard_reset(repo, target.branch, to)
             return
-        if self._store.branch_head(repo, target.branch) != seen_head:
+        with ThreadPoolExecutor(1, thread_name_prefix="perago-head") as pool:
+            head_now = pool.submit(self._store.branch_head, repo, target.branch)
+            self._keep_reachable(repo, seen_head, me)
+            moved = head_now.result() != seen_head
+        if moved:
             raise PublishFenceError(
                 f"the head of {target.branch} moved while this attempt held the branch lease "
                 f"(saw {seen_head[:12]}): a writer outside Perago; nothing was reset"
             )
-        self._keep_reachable(repo, seen_head, me)
         lease.refresh()
         steps.reached(Boundary.BEFORE_RESET)
         lease.guarded(

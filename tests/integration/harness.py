@@ -13,11 +13,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
+from perago.coord.lakefs_objects import LakeFSObjectsStore
+from perago.coord.lease import LeaseManager
 from perago.store import Commit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,6 +152,18 @@ def publications(store: LakeFSStore, repo: str, branch: str = "main") -> list[Co
         for c in store.log(repo, branch, amount=100)
         if c.metadata.get("perago.kind") in ("publication", "staged")
     ]
+
+
+def held_leases(store: LakeFSStore, repo: str, *, settle: float = 10.0) -> list[str]:
+    """The branch leases still held in ``repo`` once a worker's background releases, which
+    land a write after the report, have had ``settle`` seconds to do so."""
+    leases = LeaseManager(LakeFSObjectsStore(store, repo), ttl=timedelta(seconds=4))
+    deadline = time.monotonic() + settle
+    while True:
+        held = [r.name for r in leases.records() if r.held]
+        if not held or time.monotonic() > deadline:
+            return held
+        time.sleep(0.1)
 
 
 def staging_branches(store: LakeFSStore, repo: str) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import signal
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,11 @@ import pytest
 
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
-from perago.coord.lakefs_objects import LakeFSObjectsStore
-from perago.coord.lease import LeaseManager
 from perago.failpoints import POINTS
 
 from .harness import (
     attempts,
+    held_leases,
     perago_cli,
     publications,
     put_workflow,
@@ -83,8 +81,7 @@ def assert_clean(store: LakeFSStore, repo: str, env: dict[str, str], steps: set[
     pubs = publications(store, repo)
     refs = sorted(c.metadata["perago.task_ref"] for c in pubs)
     assert refs == sorted(steps), refs
-    leases = LeaseManager(LakeFSObjectsStore(store, repo), ttl=timedelta(seconds=4))
-    assert not [r for r in leases.records() if r.held]
+    assert held_leases(store, repo) == []
     done = perago_cli(["janitor", "--repository", repo], env)
     assert done.returncode == 0, done.stderr
     assert staging_branches(store, repo) == []
@@ -296,8 +293,7 @@ def test_a_writer_killed_after_publishing_inside_a_fork_is_replaced_in_its_scope
         "left",
         "right",
     ]
-    leases = LeaseManager(LakeFSObjectsStore(store, repo), ttl=timedelta(seconds=4))
-    assert not [r for r in leases.records() if r.held]
+    assert held_leases(store, repo) == []
     done = perago_cli(["janitor", "--repository", repo], env)
     assert done.returncode == 0, done.stderr
     assert staging_branches(store, repo) == []
@@ -349,8 +345,7 @@ def test_a_worker_killed_at_a_failpoint_while_a_fork_is_in_flight(
         assert out in {c.id for c in pubs}
     assert text(store, repo, "parts/p=a/rows.csv").startswith("a,0")
     assert text(store, repo, "parts/p=b/rows.csv").startswith("b,0")
-    leases = LeaseManager(LakeFSObjectsStore(store, repo), ttl=timedelta(seconds=4))
-    assert not [r for r in leases.records() if r.held]
+    assert held_leases(store, repo) == []
     done = perago_cli(["janitor", "--repository", repo], env)
     assert done.returncode == 0, done.stderr
     assert staging_branches(store, repo) == []

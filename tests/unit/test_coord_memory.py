@@ -390,3 +390,91 @@ def test_a_fresh_janitor_watches_a_dead_holders_lease_and_removes_it() -> None:
     assert [(n, why) for _, n, why in report.removed] == [
         ("branches/r/dead", "holder w-killed silent")
     ]
+
+
+class _CountingStore(MemoryStore):
+    """Counts reads and can hold writes back, to see what a lease call does and when."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+        self.writes_open = threading.Event()
+        self.writes_open.set()
+
+    def get(self, key: str) -> Versioned | None:
+        self.gets += 1
+        return super().get(key)
+
+    def set_if(self, key: str, value: bytes, expected: str | None) -> str:
+        assert self.writes_open.wait(10), "a held-back write was never let through"
+        return super().set_if(key, value, expected)
+
+
+def test_a_guarded_write_on_a_fresh_grant_reads_the_lease_only_after_the_write() -> None:
+    """While the grant lasts on the holder's clock no taker can hold it, so the read before
+    the write is skipped (issue 15: the lease's calls per publication); the read after it,
+    which catches a holder paused past its lease, stays. A lost grant still fails."""
+    from perago.coord.errors import LeaseBusyError, LeaseLostError
+    from perago.coord.lease import LeaseManager
+
+    clock = [0.0]
+    store = _CountingStore()
+    manager = LeaseManager(store, ttl=timedelta(seconds=4), clock=lambda: clock[0])
+    grant = manager.acquire("g", "a")
+    store.gets = 0
+    seen: list[int] = []
+    assert manager.guarded(grant, lambda _budget: seen.append(store.gets) or "done") == "done"
+    assert seen == [0] and store.gets == 1
+    # Paused past its lease and taken over: the read before the write reports the loss.
+    taker = LeaseManager(store, ttl=timedelta(seconds=4), clock=lambda: clock[0])
+    with pytest.raises(LeaseBusyError):
+        taker.acquire("g", "b")
+    clock[0] += 6.5
+    taker.acquire("g", "b")
+    with pytest.raises(LeaseLostError):
+        manager.guarded(grant, seen.append)
+    assert seen == [0]
+    # A grant this manager did not write is read before the write.
+    other = LeaseManager(store, ttl=timedelta(seconds=4), clock=lambda: clock[0])
+    with pytest.raises(LeaseLostError):
+        other.guarded(grant, seen.append)
+    assert seen == [0]
+
+
+def test_a_background_release_frees_the_lease_and_the_next_acquire_waits_for_it() -> None:
+    from perago.coord.lease import LeaseManager
+
+    store = _CountingStore()
+    manager = LeaseManager(store, ttl=timedelta(seconds=4))
+    grant = manager.acquire("r", "a")
+    store.writes_open.clear()  # the release's write is held back
+    errors: list[Exception] = []
+    manager.release_soon(grant, errors.append)  # returns at once
+    taken: list[int] = []
+    racer = threading.Thread(target=lambda: taken.append(manager.acquire("r", "b").token))
+    racer.start()
+    racer.join(0.3)
+    assert racer.is_alive() and taken == []  # waiting for the release, not for the ttl
+    store.writes_open.set()
+    racer.join(10)
+    assert len(taken) == 1 and taken[0] > grant.token and errors == []
+    assert manager.holder("r") is not None and manager.holder("r").owner == "b"  # type: ignore[union-attr]
+
+
+def test_a_failed_background_release_is_reported_and_the_lease_expires_as_usual() -> None:
+    from perago.coord.errors import CoordStoreError
+    from perago.coord.lease import LeaseManager
+
+    class Failing(MemoryStore):
+        def set_if(self, key: str, value: bytes, expected: str | None) -> str:
+            if json.loads(value)["owner"] == "":
+                raise CoordStoreError("no answer from the store")
+            return super().set_if(key, value, expected)
+
+    manager = LeaseManager(Failing(), ttl=timedelta(seconds=4))
+    grant = manager.acquire("f", "a")
+    errors: list[Exception] = []
+    manager.release_soon(grant, errors.append)
+    holder = manager.holder("f")  # waits for the release to finish
+    assert holder is not None and holder.owner == "a"
+    assert [str(e) for e in errors] == ["no answer from the store"]

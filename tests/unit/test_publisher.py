@@ -356,3 +356,72 @@ def test_for_the_report_a_publication_and_a_no_op_keep_the_branch_lease(
     # Outside lease_for_report nothing changes: released at once, the no-op shortcut stays.
     noop.publish(me2, WorkspaceTarget("r", "main", merged), "data/", ws, Diff())
     assert not leases.held("r", "main")
+
+
+class _UploadWatcher(MemoryStore):
+    """Records, at each upload, whether the branch lease was held; can fail uploads."""
+
+    def __init__(self, leases: BranchLeases, *, fail: bool = False) -> None:
+        super().__init__()
+        self.create_repository("r")
+        self._leases = leases
+        self._fail = fail
+        self.held_at_upload: list[bool] = []
+
+    def upload(self, repository: str, branch: str, path: str, source: Path, **kw: bool):  # type: ignore[no-untyped-def]
+        deadline = threading.Event()
+        held = False
+        for _ in range(50):  # the lease is being taken on another thread: give it 0.5 s
+            held = self._leases.held("r", "main")
+            if held:
+                break
+            deadline.wait(0.01)
+        self.held_at_upload.append(held)
+        if self._fail:
+            raise StoreError("upload refused (the test's fault)", status=500)
+        return super().upload(repository, branch, path, source, **kw)
+
+
+def test_a_small_diff_takes_the_branch_lease_while_it_uploads(tmp_path: Path) -> None:
+    """Issue 15: the lease's round trips overlap the upload of a small diff (at most
+    EARLY_LEASE_MAX_FILES files and EARLY_LEASE_MAX_BYTES); a large one uploads first, so its
+    upload never keeps fan-out siblings waiting for the lease."""
+    from perago.publish.transaction import EARLY_LEASE_MAX_BYTES
+
+    leases = _leases([0.0])
+    store = _UploadWatcher(leases)
+    me = ident(task="small")
+    pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
+    ws, diff = _workspace(tmp_path, "small", "x")
+    out = pub.publish(
+        me, WorkspaceTarget("r", "main", store.branch_head("r", "main")), "d/", ws, diff
+    )
+    assert store.held_at_upload == [True]
+    assert "perago.fencing_token" in store.get_commit("r", out).metadata
+    assert not leases.held("r", "main")
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "out.bin").write_bytes(b"\0" * (EARLY_LEASE_MAX_BYTES + 1))
+    me2 = ident(wf="wf2", task="big")
+    pub2 = Publisher(store, StaticLedger(snap(me2)), worker_id="w", leases=leases)
+    pub2.publish(me2, WorkspaceTarget("r", "main", out), "e/", big, Diff(added=("out.bin",)))
+    assert store.held_at_upload == [True, False]
+
+
+def test_a_failed_upload_gives_back_the_lease_it_was_taking(tmp_path: Path) -> None:
+    leases = _leases([0.0])
+    store = _UploadWatcher(leases, fail=True)
+    me = ident(task="fails")
+    pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
+    ws, diff = _workspace(tmp_path, "a", "x")
+    with pytest.raises(StoreError, match="the test's fault"):
+        pub.publish(
+            me, WorkspaceTarget("r", "main", store.branch_head("r", "main")), "d/", ws, diff
+        )
+    assert store.held_at_upload == [True]
+    for _ in range(100):  # released in the background
+        if not leases.held("r", "main"):
+            break
+        threading.Event().wait(0.01)
+    assert not leases.held("r", "main")
+    assert leases.acquire("r", "main", "next").token > 0
