@@ -140,6 +140,13 @@ class Settings(BaseSettings):
         description="Parallel object transfers between lakeFS and a workspace (25, like "
         "`lakectl local`: each upload waits mostly on lakeFS, not on this process).",
     )
+    presign: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Move object bytes straight between the workspace and object storage "
+        "with URLs lakeFS pre-signs, so lakeFS sees metadata only (like `lakectl --pre-sign`): "
+        "`auto` where lakeFS's blockstore supports it (S3, GCS, Azure; not the local "
+        "blockstore), `on` to require it, `off` to send every byte through lakeFS.",
+    )
     cache_dir: Path = Field(
         default_factory=lambda: Path(tempfile.gettempdir()) / "perago-cache",
         description="Folder of the worker-local content cache (one subfolder per worker "

@@ -30,6 +30,8 @@ class ObjectInfo:
     checksum: str
     #: Where lakeFS keeps the bytes; with the checksum it identifies them (content cache).
     physical_address: str = ""
+    #: A pre-signed URL the bytes can be read from without lakeFS ("": read through lakeFS).
+    download_url: str = ""
 
 
 class VersionStore(Protocol):
@@ -62,8 +64,12 @@ class VersionStore(Protocol):
         self, repository: str, branch: str, ref: str, *, timeout: float | None = None
     ) -> None: ...
     def revert(self, repository: str, branch: str, commit: str, *, parent_number: int) -> str: ...
-    def list_objects(self, repository: str, ref: str, prefix: str) -> Iterator[ObjectInfo]: ...
-    def download(self, repository: str, ref: str, path: str, dest: IO[bytes]) -> None: ...
+    def list_objects(
+        self, repository: str, ref: str, prefix: str, *, presign: bool = False
+    ) -> Iterator[ObjectInfo]: ...
+    def download(
+        self, repository: str, ref: str, path: str, dest: IO[bytes], *, url: str = ""
+    ) -> None: ...
     def upload(
         self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
     ) -> ObjectInfo: ...

@@ -262,13 +262,17 @@ class MemoryStore:
             repo.branches[branch] = self._resolve(repo, ref)
             repo.staged[branch] = {}
 
-    def list_objects(self, repository: str, ref: str, prefix: str) -> Iterator[ObjectInfo]:
+    def list_objects(
+        self, repository: str, ref: str, prefix: str, *, presign: bool = False
+    ) -> Iterator[ObjectInfo]:
         for path, data in sorted(self.tree(repository, ref).items()):
             if path.startswith(prefix):
                 digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
                 yield ObjectInfo(path, len(data), digest, physical_address=f"mem://{digest}")
 
-    def download(self, repository: str, ref: str, path: str, dest: IO[bytes]) -> None:
+    def download(
+        self, repository: str, ref: str, path: str, dest: IO[bytes], *, url: str = ""
+    ) -> None:
         tree = self.tree(repository, ref)
         if path not in tree:
             raise NotFoundError(f"{path} not found at {ref}", status=404)

@@ -18,17 +18,19 @@ from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import lakefs_sdk
+import structlog
 import urllib3
 from lakefs_sdk.exceptions import ApiException
 from pydantic import SecretStr
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from perago.errors import ConflictError, NotFoundError, StoreError, WorkspaceError
+from perago.errors import ConfigError, ConflictError, NotFoundError, StoreError, WorkspaceError
 from perago.store import Commit, ObjectInfo
 
 __all__ = ["LakeFSConnection", "LakeFSStore"]
 
 T = TypeVar("T")
+log = structlog.get_logger("perago.adapters.lakefs")
 _CHUNK = 1024 * 1024
 MAX_DELETE_BATCH = 1000
 
@@ -48,13 +50,18 @@ _retry_idempotent = retry(
 )
 
 
+def _unsigned(url: str) -> str:
+    """A pre-signed URL without its query (signature, expiry): it names the object's bytes."""
+    return url.split("?", 1)[0]
+
+
 def _translate(e: ApiException, what: str) -> StoreError:
     body = e.body if isinstance(e.body, str) else str(e.body or "")
-    return _error_for(e.status, str(e.reason or ""), body, what)
+    return _error_for(e.status, str(e.reason or ""), body, f"lakeFS {what}")
 
 
 def _error_for(status: int | None, reason: str, body: str, what: str) -> StoreError:
-    message = f"lakeFS {what} failed with HTTP {status}: {body[:300] or reason}"
+    message = f"{what} failed with HTTP {status}: {body[:300] or reason}"
     if status == 404:
         return NotFoundError(message, status=status)
     if status in (409, 412):
@@ -93,6 +100,8 @@ class LakeFSConnection(Protocol):
     def http_timeout(self) -> timedelta: ...
     @property
     def transfer_parallelism(self) -> int: ...
+    @property
+    def presign(self) -> str: ...
     def require_lakefs_credentials(self) -> None: ...
 
 
@@ -125,6 +134,8 @@ class LakeFSStore:
         self.objects = lakefs_sdk.ObjectsApi(self._client)
         self.tags = lakefs_sdk.TagsApi(self._client)
         self.experimental = lakefs_sdk.ExperimentalApi(self._client)
+        self._presign_mode = settings.presign
+        self._presign: bool | None = None  # decided on first use, from lakeFS's storage config
 
     def close(self) -> None:
         self._http.clear()
@@ -153,8 +164,7 @@ class LakeFSStore:
     def storage_namespace_for(self, name: str) -> str:
         """Where a new repository's data goes, as lakeFS says (its default namespace prefix),
         so the same call works on a local, S3, GCS or Azure blockstore."""
-        cfg = self._call("get storage config", lakefs_sdk.ConfigApi(self._client).get_config)
-        storage = cfg.storage_config
+        storage = self._storage_config()
         prefix = (storage.default_namespace_prefix or "") if storage else ""
         if not prefix:
             kind = storage.blockstore_type if storage else "unknown"
@@ -396,17 +406,50 @@ class LakeFSStore:
 
     # -- objects ----------------------------------------------------------------------------
 
-    def list_objects(self, repository: str, ref: str, prefix: str) -> Iterator[ObjectInfo]:
+    def presigned(self) -> bool:
+        """Whether object bytes move with pre-signed URLs (``PERAGO_PRESIGN`` and lakeFS's
+        blockstore decide; asked once per store)."""
+        if self._presign is None:
+            if self._presign_mode == "off":
+                self._presign = False
+            else:
+                storage = self._storage_config()
+                supported = bool(storage.pre_sign_support) if storage else False
+                if self._presign_mode == "on" and not supported:
+                    kind = storage.blockstore_type if storage else "unknown"
+                    raise ConfigError(
+                        f"PERAGO_PRESIGN=on, but lakeFS at {self._base} cannot pre-sign URLs "
+                        f"on its {kind} blockstore; set PERAGO_PRESIGN=auto (or off) to send "
+                        "object bytes through lakeFS"
+                    )
+                self._presign = supported
+            log.info("object_transfers", presigned=self._presign, mode=self._presign_mode)
+        return self._presign
+
+    @_retry_idempotent
+    def _storage_config(self) -> Any:
+        cfg = self._call("get storage config", lakefs_sdk.ConfigApi(self._client).get_config)
+        return cfg.storage_config
+
+    def list_objects(
+        self, repository: str, ref: str, prefix: str, *, presign: bool = False
+    ) -> Iterator[ObjectInfo]:
+        """The objects under ``prefix``; with ``presign`` (honoured where :meth:`presigned`),
+        each carries a pre-signed ``download_url`` and, as its address, that URL without its
+        signature (what a pre-signed upload of the same object reports)."""
+        presign = presign and self.presigned()
         after = ""
         while True:
-            page = self._list_page(repository, ref, prefix, after)
+            page = self._list_page(repository, ref, prefix, after, presign)
             for o in page.results:
                 if o.path_type == "object":
+                    address = o.physical_address or ""
                     yield ObjectInfo(
                         path=o.path,
                         size=int(o.size_bytes or 0),
                         checksum=o.checksum,
-                        physical_address=o.physical_address or "",
+                        physical_address=_unsigned(address) if presign else address,
+                        download_url=address if presign else "",
                     )
             if not page.pagination.has_more:
                 return
@@ -446,7 +489,9 @@ class LakeFSStore:
         )
 
     @_retry_idempotent
-    def _list_page(self, repository: str, ref: str, prefix: str, after: str) -> Any:
+    def _list_page(
+        self, repository: str, ref: str, prefix: str, after: str, presign: bool = False
+    ) -> Any:
         return self._call(
             f"list {repository}@{ref}/{prefix}",
             self.objects.list_objects,
@@ -455,6 +500,7 @@ class LakeFSStore:
             prefix=prefix,
             after=after or None,
             amount=1000,
+            presign=presign or None,
         )
 
     def _url(self, repository: str, tail: str, path: str) -> str:
@@ -463,27 +509,60 @@ class LakeFSStore:
             f"?path={quote(path, safe='')}"
         )
 
-    def _check(self, resp: urllib3.BaseHTTPResponse, what: str) -> None:
+    def _check(self, resp: urllib3.BaseHTTPResponse, what: str, server: str = "lakeFS") -> None:
         if resp.status >= 300:
             body = resp.data[:300].decode(errors="replace") if resp.data else ""
-            raise _error_for(resp.status, str(resp.reason or ""), body, what)
+            raise _error_for(resp.status, str(resp.reason or ""), body, f"{server} {what}")
 
     @_retry_idempotent
-    def download(self, repository: str, ref: str, path: str, dest: IO[bytes]) -> None:
-        """Stream one object into ``dest`` (rewound and truncated first, so retries are safe)."""
+    def download(
+        self, repository: str, ref: str, path: str, dest: IO[bytes], *, url: str = ""
+    ) -> None:
+        """Stream one object into ``dest`` (rewound and truncated first, so retries are safe).
+
+        With ``url`` (an :class:`ObjectInfo`'s pre-signed ``download_url``) the bytes come
+        straight from object storage; a URL it refuses (expired) falls back to lakeFS.
+        """
         dest.seek(0)
         dest.truncate()
         what = f"download {repository}@{ref}/{path}"
+        if url:
+            resp = self._request("GET", url, what, headers={}, preload_content=False)
+            try:
+                if resp.status in (400, 401, 403):
+                    log.info("presigned_url_refused", status=resp.status, path=path)
+                else:
+                    self._check(resp, what, "object storage")
+                    shutil.copyfileobj(resp, dest, _CHUNK)
+                    return
+            finally:
+                resp.release_conn()
+            dest.seek(0)
+            dest.truncate()
         url = self._url(repository, f"refs/{quote(ref, safe='')}/objects", path)
-        try:
-            resp = self._http.request("GET", url, headers=self._auth, preload_content=False)
-        except urllib3.exceptions.HTTPError as e:
-            raise StoreError(f"lakeFS {what} failed: {e}") from e
+        resp = self._request("GET", url, what, preload_content=False)
         try:
             self._check(resp, what)
             shutil.copyfileobj(resp, dest, _CHUNK)
         finally:
             resp.release_conn()
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        what: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> urllib3.BaseHTTPResponse:
+        """One HTTP request (lakeFS's auth unless ``headers`` says otherwise)."""
+        try:
+            return self._http.request(
+                method, url, headers=self._auth if headers is None else headers, **kwargs
+            )
+        except urllib3.exceptions.HTTPError as e:
+            raise StoreError(f"{what} failed: {e}") from e
 
     @_retry_idempotent
     def upload(
@@ -502,6 +581,9 @@ class LakeFSStore:
                 "after the diff (a thread of the task body still writing?) or the disk failed; "
                 "the attempt fails and Conductor retries it"
             ) from e
+        if not if_absent and self.presigned():
+            with f:
+                return self._upload_presigned(repository, branch, path, f, size, what)
         headers = {
             **self._auth,
             "Content-Type": "application/octet-stream",
@@ -521,6 +603,40 @@ class LakeFSStore:
             size=int(stats.get("size_bytes") or 0),
             checksum=str(stats.get("checksum", "")),
             physical_address=str(stats.get("physical_address", "")),
+        )
+
+    def _upload_presigned(
+        self, repository: str, branch: str, path: str, f: IO[bytes], size: int, what: str
+    ) -> ObjectInfo:
+        """Ask lakeFS where to put the bytes, PUT them there, then link them to ``path``."""
+        backing = self._url(repository, f"branches/{quote(branch, safe='')}/staging/backing", path)
+        resp = self._request("GET", backing + "&presign=true", what)
+        self._check(resp, what)
+        location = json.loads(resp.data)
+        put = self._request(
+            "PUT",
+            location["presigned_url"],
+            what,
+            headers={"Content-Length": str(size)},
+            body=f,
+        )
+        self._check(put, what, "object storage")
+        etag = str(put.headers.get("ETag", "")).strip('"')
+        metadata = {"staging": location, "checksum": etag, "size_bytes": size}
+        resp = self._request(
+            "PUT",
+            backing,
+            what,
+            headers={**self._auth, "Content-Type": "application/json"},
+            body=json.dumps(metadata).encode(),
+        )
+        self._check(resp, what)
+        stats = json.loads(resp.data)
+        return ObjectInfo(
+            path=path,
+            size=int(stats.get("size_bytes") or size),
+            checksum=str(stats.get("checksum", "")),
+            physical_address=_unsigned(location["presigned_url"]),
         )
 
     def upload_bytes(

@@ -199,14 +199,20 @@ def resolve_ports(
 # -- what runs --------------------------------------------------------------------------------
 
 
-def render_lakefs_config(*, data: Path, port: int, credentials: Credentials) -> str:
-    """lakeFS's config: loopback only, local KV and blockstore, no phoning home."""
+def render_lakefs_config(
+    *, data: Path, port: int, credentials: Credentials, blockstore: str | None = None
+) -> str:
+    """lakeFS's config: loopback only, local KV and blockstore, no phoning home.
+
+    ``blockstore`` replaces the local blockstore (a YAML flow mapping, see
+    :mod:`perago.dev.s3_stack`)."""
     q = json.dumps  # a JSON string is a valid YAML double-quoted scalar
     c = credentials
+    local = f"{{ type: local, local: {{ path: {q(str(data / 'block'))} }} }}"
     return (
         f"listen_address: {q(f'{HOST}:{port}')}\n"
         f"database: {{ type: local, local: {{ path: {q(str(data / 'metadata'))} }} }}\n"
-        f"blockstore: {{ type: local, local: {{ path: {q(str(data / 'block'))} }} }}\n"
+        f"blockstore: {blockstore or local}\n"
         f"committed: {{ local_cache: {{ dir: {q(str(data / 'cache'))} }} }}\n"
         f"auth: {{ encrypt: {{ secret_key: {q(c.encrypt_secret)} }} }}\n"
         f"installation: {{ user_name: perago, access_key_id: {q(c.access_key_id)}, "

@@ -103,7 +103,7 @@ def materialize(
     # Zero-byte "folder/" markers (made by S3 consoles and tools) are directories, not files.
     objects = [
         o
-        for o in store.list_objects(repository, ref, prefix)
+        for o in store.list_objects(repository, ref, prefix, presign=True)
         if not (o.path.endswith("/") and o.size == 0)
     ]
     try:
@@ -151,7 +151,7 @@ def _download(
     try:
         with os.fdopen(fd, "wb") as f:
             writer = _HashingWriter(f, hash_it=hash_it)
-            store.download(repository, ref, obj.path, writer)  # type: ignore[arg-type]
+            store.download(repository, ref, obj.path, writer, url=obj.download_url)  # type: ignore[arg-type]
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

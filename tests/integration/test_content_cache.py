@@ -21,9 +21,11 @@ class _Counting:
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    def download(self, repository: str, ref: str, path: str, dest: IO[bytes]) -> None:
+    def download(
+        self, repository: str, ref: str, path: str, dest: IO[bytes], *, url: str = ""
+    ) -> None:
         self.downloads += 1
-        self._store.download(repository, ref, path, dest)
+        self._store.download(repository, ref, path, dest, url=url)
 
 
 def test_a_published_file_is_read_back_from_the_cache_after_a_merge(

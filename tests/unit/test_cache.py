@@ -24,10 +24,10 @@ class CountingStore(MemoryStore):
         self.downloads = 0
         self._count = threading.Lock()
 
-    def download(self, repository: str, ref: str, path: str, dest):  # type: ignore[no-untyped-def]
+    def download(self, repository: str, ref: str, path: str, dest, *, url: str = ""):  # type: ignore[no-untyped-def]
         with self._count:
             self.downloads += 1
-        return super().download(repository, ref, path, dest)
+        return super().download(repository, ref, path, dest, url=url)
 
 
 @pytest.fixture

@@ -1,0 +1,162 @@
+"""Pre-signed transfers on the S3 stack variant (moto's S3 server and a lakeFS on it).
+
+Bytes must go straight between the workspace and object storage, lakeFS answering metadata
+calls only; a publication and a materialization must carry the same bytes as through lakeFS;
+the content cache must recognise what a pre-signed upload put there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perago.adapters.lakefs import LakeFSStore
+from perago.config import Settings, load
+from perago.dev.s3_stack import S3Stack, s3_stack
+from perago.errors import ConfigError
+from perago.orchestrator import TaskSnapshot
+from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.testing import StaticLedger
+from perago.workspace import ContentCache, Diff, materialize
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Stack]:
+    with s3_stack(tmp_path_factory.mktemp("s3-stack")) as stack:
+        yield stack
+
+
+class Recording(LakeFSStore):
+    """The real store, recording every HTTP request of its byte transfers (method, host)."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.requests: list[tuple[str, str]] = []
+        request = self._http.request
+
+        def recorded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            self.requests.append((method, url))
+            return request(method, url, *args, **kwargs)
+
+        self._http.request = recorded  # type: ignore[method-assign]
+
+
+def _identity(task: str) -> tuple[AttemptIdentity, StaticLedger]:
+    me = AttemptIdentity("wf-presign", "step", task, retry_count=0, poll_count=1, task_type="tt")
+    snapshot = TaskSnapshot(task, "tt", "step", "wf-presign", "IN_PROGRESS", 0, 1, "w", 60, {})
+    return me, StaticLedger(snapshot)
+
+
+def test_bytes_go_straight_to_object_storage_both_ways(s3: S3Stack, tmp_path: Path) -> None:
+    store = Recording(load(s3.env()))
+    assert store.presigned()
+    store.create_repository("presign-both")
+    out = tmp_path / "out"
+    files = {"a.bin": os.urandom(70_000), "d/e/b.bin": os.urandom(3), "empty.txt": b""}
+    for rel, data in files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    me, ledger = _identity("t-upload")
+    cache = ContentCache(tmp_path / "cache", max_bytes=1 << 24)
+    publisher = Publisher(store, ledger, worker_id="w", cache=cache)
+    base = store.branch_head("presign-both", "main")
+    ref = publisher.publish(
+        me, WorkspaceTarget("presign-both", "main", base), "data/", out, Diff(added=tuple(files))
+    )
+    lakefs_host = s3.lakefs_endpoint
+    puts = [u for m, u in store.requests if m == "PUT" and u.startswith(s3.s3_endpoint)]
+    assert len(puts) == len(files)  # each file's bytes: one PUT to S3
+    # ...and no data file through lakeFS's objects endpoint (scope markers, a few bytes of
+    # metadata each, still are)
+    assert not [u for m, u in store.requests if m == "POST" and "/objects?path=data" in u]
+    # lakeFS stores them on S3, with the bytes' MD5 as checksum
+    listed = {o.path: o for o in store.list_objects("presign-both", ref, "data/")}
+    for rel, data in files.items():
+        obj = listed[f"data/{rel}"]
+        assert obj.physical_address.startswith("s3://perago-data/presign-both/")
+        assert obj.checksum == hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+    # Read back without the cache: from S3, through pre-signed URLs in the listing.
+    store.requests.clear()
+    first = tmp_path / "first"
+    materialize(store, "presign-both", ref, "data/", first, parallelism=4)
+    for rel, data in files.items():
+        assert (first / rel).read_bytes() == data
+    gets = [u for m, u in store.requests if m == "GET"]
+    assert len([u for u in gets if u.startswith(s3.s3_endpoint)]) == len(files)
+    assert not [u for u in gets if u.startswith(lakefs_host) and "/objects?" in u]
+
+    # With the cache the upload seeded: no transfer at all (same address both ways).
+    store.requests.clear()
+    again = tmp_path / "again"
+    materialize(store, "presign-both", ref, "data/", again, parallelism=4, cache=cache)
+    assert {rel: (again / rel).read_bytes() for rel in files} == files
+    assert not [u for m, u in store.requests if u.startswith(s3.s3_endpoint)]
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"
+        self.send_response(403)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_expired_presigned_url_falls_back_to_lakefs(s3: S3Stack, tmp_path: Path) -> None:
+    """A fake stands in for S3 here: moto checks neither signatures nor expiry, so it cannot
+    refuse an expired URL (403 AccessDenied) as S3 does."""
+    store = LakeFSStore(load(s3.env()))
+    store.create_repository("presign-expired")
+    src = tmp_path / "x.bin"
+    src.write_bytes(b"through lakeFS after all")
+    store.upload("presign-expired", "main", "x.bin", src)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        expired = f"http://127.0.0.1:{server.server_address[1]}/perago-data/x.bin?X-Amz-Expires=1"
+        dest = tmp_path / "dest.bin"
+        with dest.open("wb") as f:
+            store.download("presign-expired", "main", "x.bin", f, url=expired)
+        assert dest.read_bytes() == b"through lakeFS after all"
+    finally:
+        server.shutdown()
+
+
+def test_presign_on_is_refused_where_lakefs_cannot_presign(settings: Settings) -> None:
+    """The default stack's local blockstore cannot pre-sign: auto sends bytes through lakeFS,
+    on is a configuration error that says what to do."""
+    env = {
+        "PERAGO_LAKEFS_ENDPOINT": settings.lakefs_endpoint,
+        "PERAGO_LAKEFS_ACCESS_KEY_ID": settings.lakefs_access_key_id,
+        "PERAGO_LAKEFS_SECRET_ACCESS_KEY": settings.lakefs_secret_access_key.get_secret_value(),
+    }
+    assert not LakeFSStore(load(env)).presigned()
+    with pytest.raises(ConfigError, match="cannot pre-sign URLs on its local blockstore"):
+        LakeFSStore(load({**env, "PERAGO_PRESIGN": "on"})).presigned()
+
+
+def test_presign_off_sends_every_byte_through_lakefs(s3: S3Stack, tmp_path: Path) -> None:
+    store = Recording(load({**s3.env(), "PERAGO_PRESIGN": "off"}))
+    store.create_repository("presign-off")
+    src = tmp_path / "x.bin"
+    src.write_bytes(b"via lakeFS")
+    stored = store.upload("presign-off", "main", "x.bin", src)
+    assert stored.physical_address.startswith("s3://")
+    [listed] = store.list_objects("presign-off", "main", "", presign=True)
+    assert listed.download_url == "" and listed.physical_address == stored.physical_address
+    materialize(store, "presign-off", "main", "", tmp_path / "dest", parallelism=2)
+    assert (tmp_path / "dest" / "x.bin").read_bytes() == b"via lakeFS"
+    assert not [u for _, u in store.requests if u.startswith(s3.s3_endpoint)]
