@@ -282,7 +282,7 @@ def measure(
         coord_backend="lakefs",
     )
     lease_store = CountingStore(store)
-    leases = branch_leases(settings, lease_store)  # type: ignore[arg-type]  # counting proxy
+    leases = branch_leases(settings, lease_store)  # a counting proxy
     if leases is None:
         raise BenchmarkError("branch_leases() returned None for the default (lakefs) backend")
     repo = new_repo("f")

@@ -12,6 +12,7 @@ set, otherwise from ``perago.dev.stack.up()``. See docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -53,6 +54,7 @@ from perago.errors import PeragoError
 
 PREFIX = "data/"
 RESULTS = Path(__file__).resolve().parent / "results.json"
+RESULTS_S3 = Path(__file__).resolve().parent / "results-s3.json"
 
 
 @dataclass(frozen=True)
@@ -457,8 +459,23 @@ def main(argv: list[str] | None = None) -> int:
         help=f"run only this scenario (repeatable; one of {', '.join(SCENARIOS)}); the results "
         "replace only that scenario's part of an existing --output file",
     )
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--stack",
+        choices=("default", "s3"),
+        default="default",
+        help="s3: the data scenarios (a, b, c, i) on the S3 stack variant (moto's S3 server and "
+        "a lakeFS on it, perago.dev.s3_stack), with pre-signed transfers on both sides; its "
+        "results go to benchmarks/results-s3.json unless --output says otherwise",
+    )
+    parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
+    if args.stack == "s3":
+        data = {"a", "b", "c", "i"}
+        if args.only and not set(args.only) <= data:
+            parser.error("--stack s3 runs only the data scenarios a, b, c and i")
+        args.only = args.only or sorted(data)
+    if args.output is None:
+        args.output = RESULTS if args.stack == "default" else RESULTS_S3
     mode = "quick" if args.quick else "full"
     scale = SCALES[mode]
     repeats = args.repeat or (1 if args.quick else 3)
@@ -471,7 +488,45 @@ def main(argv: list[str] | None = None) -> int:
     )
     started = time.monotonic()
     load_before = os.getloadavg()
-    stack = resolve_stack()
+    with contextlib.ExitStack() as running:
+        if args.stack == "s3":
+            stack = running.enter_context(_s3_stack(Path(tempfile.mkdtemp(prefix="perago-s3-"))))
+        else:
+            stack = resolve_stack()
+        return _run(args, stack, scale, repeats, only, mode, started, load_before)
+
+
+@contextlib.contextmanager
+def _s3_stack(work: Path) -> Iterator[Stack]:
+    """The S3 stack variant as a benchmark :class:`Stack` (its lakectl: the default stack's)."""
+    from perago.dev.paths import stack_paths
+    from perago.dev.s3_stack import s3_stack
+
+    try:
+        with s3_stack(work) as s3:
+            env = {
+                "CONDUCTOR_SERVER_URL": "unused: the S3 variant runs data scenarios only",
+                "LAKECTL_SERVER_ENDPOINT_URL": s3.lakefs_endpoint,
+                "LAKECTL_CREDENTIALS_ACCESS_KEY_ID": s3.access_key_id,
+                "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY": s3.secret_access_key,
+            }
+            yield Stack(
+                env, stack_paths().bin / "lakectl", f"perago.dev.s3_stack (S3 {s3.s3_endpoint})"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(
+    args: argparse.Namespace,
+    stack: Stack,
+    scale: Scale,
+    repeats: int,
+    only: list[str],
+    mode: str,
+    started: float,
+    load_before: tuple[float, float, float],
+) -> int:
     print(
         f"stack from {stack.source}: lakeFS {stack.env['LAKECTL_SERVER_ENDPOINT_URL']}, "
         f"Conductor {stack.env['CONDUCTOR_SERVER_URL']}, lakectl {stack.lakectl}",

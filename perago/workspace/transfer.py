@@ -113,32 +113,40 @@ def materialize(
 
     made: set[Path] = set()
 
-    def fetch(item: tuple[ObjectInfo, Path]) -> None:
-        obj, dest = item
+    def folder(dest: Path) -> None:
         if dest.parent not in made:
             dest.parent.mkdir(parents=True, exist_ok=True)
             made.add(dest.parent)
-        key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
-        trusted = _md5_hex(obj.checksum)
-        st = cache.copy_to(key, dest) if cache is not None and key is not None else None
-        if st is not None:
-            checksum = obj.checksum if trusted else file_md5(dest)
-        else:
-            checksum = _download(store, repository, ref, obj, dest, hash_it=not trusted)
-            if cache is not None and key is not None:
-                cache.add_downloaded(key, dest, obj.size)
-            st = os.stat(dest)
-        manifest.add(
-            ManifestEntry(
-                obj.path[len(prefix) :],
-                obj.size,
-                checksum,
-                ctime_ns=st.st_ctime_ns,
-                ino=st.st_ino,
-            )
-        )
 
-    run_parallel(targets, fetch, parallelism=parallelism)
+    def record(obj: ObjectInfo, checksum: str, st: os.stat_result) -> None:
+        rel = obj.path[len(prefix) :]
+        manifest.add(ManifestEntry(rel, obj.size, checksum, ctime_ns=st.st_ctime_ns, ino=st.st_ino))
+
+    # Cache hits first, on this thread: a local copy is cheaper than handing it to a pool.
+    misses: list[tuple[ObjectInfo, Path]] = []
+    for obj, dest in targets:
+        key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
+        if cache is None or key is None:
+            misses.append((obj, dest))
+            continue
+        folder(dest)
+        st = cache.copy_to(key, dest)
+        if st is None:
+            misses.append((obj, dest))
+        else:
+            record(obj, obj.checksum if _md5_hex(obj.checksum) else file_md5(dest), st)
+
+    def fetch(item: tuple[ObjectInfo, Path]) -> None:
+        obj, dest = item
+        folder(dest)
+        checksum = _download(store, repository, ref, obj, dest, hash_it=not _md5_hex(obj.checksum))
+        key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
+        if cache is not None and key is not None:
+            cache.add_downloaded(key, dest, obj.size)
+        record(obj, checksum, os.stat(dest))
+
+    if misses:
+        run_parallel(misses, fetch, parallelism=parallelism)
     manifest.settle(root)
     return manifest
 
