@@ -467,15 +467,26 @@ def main(argv: list[str] | None = None) -> int:
         "a lakeFS on it, perago.dev.s3_stack), with pre-signed transfers on both sides; its "
         "results go to benchmarks/results-s3.json unless --output says otherwise",
     )
+    parser.add_argument(
+        "--local-blockstore",
+        action="store_true",
+        help="Perago reads objects of the default stack's local blockstore directly "
+        "(PERAGO_LAKEFS_LOCAL_BLOCKSTORE), as a worker beside lakeFS can; results go to "
+        "benchmarks/results-local-blockstore.json unless --output says otherwise",
+    )
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
+    if args.local_blockstore and args.stack != "default":
+        parser.error("--local-blockstore needs the default stack (its blockstore is local)")
     if args.stack == "s3":
         data = {"a", "b", "c", "i"}
         if args.only and not set(args.only) <= data:
             parser.error("--stack s3 runs only the data scenarios a, b, c and i")
         args.only = args.only or sorted(data)
     if args.output is None:
-        args.output = RESULTS if args.stack == "default" else RESULTS_S3
+        args.output = RESULTS_S3 if args.stack == "s3" else RESULTS
+        if args.local_blockstore:
+            args.output = RESULTS.with_name("results-local-blockstore.json")
     mode = "quick" if args.quick else "full"
     scale = SCALES[mode]
     repeats = args.repeat or (1 if args.quick else 3)
@@ -493,6 +504,15 @@ def main(argv: list[str] | None = None) -> int:
             stack = running.enter_context(_s3_stack(Path(tempfile.mkdtemp(prefix="perago-s3-"))))
         else:
             stack = resolve_stack()
+            if args.local_blockstore:
+                from perago.dev.paths import stack_paths
+
+                block = stack_paths().data / "lakefs" / "block"
+                stack = Stack(
+                    {**stack.env, "PERAGO_LAKEFS_LOCAL_BLOCKSTORE": str(block)},
+                    stack.lakectl,
+                    f"{stack.source}, Perago reading {block} directly",
+                )
         return _run(args, stack, scale, repeats, only, mode, started, load_before)
 
 

@@ -147,6 +147,13 @@ class Settings(BaseSettings):
         "`auto` where lakeFS's blockstore supports it (S3, GCS, Azure; not the local "
         "blockstore), `on` to require it, `off` to send every byte through lakeFS.",
     )
+    lakefs_local_blockstore: Path | None = Field(
+        default=None,
+        description="lakeFS's local blockstore folder (`blockstore.local.path`), for a worker "
+        "that shares lakeFS's filesystem: objects stored under it are read from it directly "
+        "instead of through lakeFS's API (only under this folder; anything missing or "
+        "unreadable there is read through lakeFS). Unset: every byte through lakeFS.",
+    )
     cache_dir: Path = Field(
         default_factory=lambda: Path(tempfile.gettempdir()) / "perago-cache",
         description="Folder of the worker-local content cache (one subfolder per worker "

@@ -263,7 +263,7 @@ class MemoryStore:
             repo.staged[branch] = {}
 
     def list_objects(
-        self, repository: str, ref: str, prefix: str, *, presign: bool = False
+        self, repository: str, ref: str, prefix: str, *, direct: bool = False
     ) -> Iterator[ObjectInfo]:
         for path, data in sorted(self.tree(repository, ref).items()):
             if path.startswith(prefix):

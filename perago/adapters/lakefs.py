@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
@@ -102,6 +103,8 @@ class LakeFSConnection(Protocol):
     def transfer_parallelism(self) -> int: ...
     @property
     def presign(self) -> str: ...
+    @property
+    def lakefs_local_blockstore(self) -> Path | None: ...
     def require_lakefs_credentials(self) -> None: ...
 
 
@@ -136,6 +139,8 @@ class LakeFSStore:
         self.experimental = lakefs_sdk.ExperimentalApi(self._client)
         self._presign_mode = settings.presign
         self._presign: bool | None = None  # decided on first use, from lakeFS's storage config
+        local = settings.lakefs_local_blockstore
+        self._local_root = os.path.realpath(local) + os.sep if local is not None else None
 
     def close(self) -> None:
         self._http.clear()
@@ -432,24 +437,29 @@ class LakeFSStore:
         return cfg.storage_config
 
     def list_objects(
-        self, repository: str, ref: str, prefix: str, *, presign: bool = False
+        self, repository: str, ref: str, prefix: str, *, direct: bool = False
     ) -> Iterator[ObjectInfo]:
-        """The objects under ``prefix``; with ``presign`` (honoured where :meth:`presigned`),
-        each carries a pre-signed ``download_url`` and, as its address, that URL without its
-        signature (what a pre-signed upload of the same object reports)."""
-        presign = presign and self.presigned()
+        """The objects under ``prefix``. With ``direct``, each carries a ``download_url`` that
+        bypasses lakeFS where one exists: pre-signed where :meth:`presigned` (its address is
+        then that URL without its signature, which is what a pre-signed upload of the same
+        object reports), or ``file://`` under ``PERAGO_LAKEFS_LOCAL_BLOCKSTORE``."""
+        presign = direct and self.presigned()
         after = ""
         while True:
             page = self._list_page(repository, ref, prefix, after, presign)
             for o in page["results"]:
                 if o.get("path_type") == "object":
                     address = o.get("physical_address") or ""
+                    if presign:
+                        address, url = _unsigned(address), address
+                    else:
+                        url = self._local_url(address) if direct else ""
                     yield ObjectInfo(
                         path=o["path"],
                         size=int(o.get("size_bytes") or 0),
                         checksum=o.get("checksum", ""),
-                        physical_address=_unsigned(address) if presign else address,
-                        download_url=address if presign else "",
+                        physical_address=address,
+                        download_url=url,
                     )
             pagination = page["pagination"]
             if not pagination.get("has_more"):
@@ -488,6 +498,13 @@ class LakeFSStore:
             path,
             lakefs_sdk.ObjectCopyCreation(src_path=path, src_ref=source_ref),
         )
+
+    def _local_url(self, address: str) -> str:
+        """A ``file://`` URL for an object of the configured local blockstore, else ""."""
+        if self._local_root is None or not address.startswith("local:///"):
+            return ""
+        path = os.path.normpath(address[len("local://") :])
+        return f"file://{path}" if path.startswith(self._local_root) else ""
 
     @_retry_idempotent
     def _list_page(
@@ -528,6 +545,16 @@ class LakeFSStore:
         dest.seek(0)
         dest.truncate()
         what = f"download {repository}@{ref}/{path}"
+        if url.startswith("file://"):
+            try:
+                with open(url[len("file://") :], "rb") as f:
+                    shutil.copyfileobj(f, dest, _CHUNK)
+                return
+            except OSError as e:  # not shared after all, or collected: ask lakeFS
+                log.info("local_blockstore_unreadable", path=path, error=str(e))
+                dest.seek(0)
+                dest.truncate()
+                url = ""
         if url:
             resp = self._request("GET", url, what, headers={}, preload_content=False)
             try:

@@ -103,7 +103,7 @@ def materialize(
     # Zero-byte "folder/" markers (made by S3 consoles and tools) are directories, not files.
     objects = [
         o
-        for o in store.list_objects(repository, ref, prefix, presign=True)
+        for o in store.list_objects(repository, ref, prefix, direct=True)
         if not (o.path.endswith("/") and o.size == 0)
     ]
     try:

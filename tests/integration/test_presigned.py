@@ -20,7 +20,7 @@ import pytest
 from perago.adapters.lakefs import LakeFSStore
 from perago.config import Settings, load
 from perago.dev.s3_stack import S3Stack, s3_stack
-from perago.errors import ConfigError
+from perago.errors import ConfigError, StoreError
 from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.testing import StaticLedger
@@ -155,8 +155,57 @@ def test_presign_off_sends_every_byte_through_lakefs(s3: S3Stack, tmp_path: Path
     src.write_bytes(b"via lakeFS")
     stored = store.upload("presign-off", "main", "x.bin", src)
     assert stored.physical_address.startswith("s3://")
-    [listed] = store.list_objects("presign-off", "main", "", presign=True)
+    [listed] = store.list_objects("presign-off", "main", "", direct=True)
     assert listed.download_url == "" and listed.physical_address == stored.physical_address
     materialize(store, "presign-off", "main", "", tmp_path / "dest", parallelism=2)
     assert (tmp_path / "dest" / "x.bin").read_bytes() == b"via lakeFS"
     assert not [u for _, u in store.requests if u.startswith(s3.s3_endpoint)]
+
+
+def test_a_worker_beside_lakefs_reads_its_local_blockstore_directly(
+    settings: Settings, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    """PERAGO_LAKEFS_LOCAL_BLOCKSTORE: objects under that folder are copied from it, never
+    fetched through lakeFS; an object whose file is gone is read through lakeFS instead; an
+    address outside the folder is never read directly."""
+    from perago.dev.stack import info
+
+    block = info().stack_dir / "data" / "lakefs" / "block"
+    store = Recording(load({**stack_env, "PERAGO_LAKEFS_LOCAL_BLOCKSTORE": str(block)}))
+    repo = f"direct-{os.getpid()}-{os.urandom(3).hex()}"
+    store.create_repository(repo)
+    try:
+        src = tmp_path / "src"
+        files = {"a.bin": os.urandom(5000), "b/c.bin": os.urandom(7)}
+        for rel, data in files.items():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes(data)
+            store.upload(repo, "main", f"d/{rel}", src / rel)
+        listed = list(store.list_objects(repo, "main", "d/", direct=True))
+        assert all(o.download_url.startswith(f"file://{block.resolve()}/") for o in listed)
+        store.requests.clear()
+        materialize(store, repo, "main", "d/", tmp_path / "out", parallelism=2)
+        assert {rel: (tmp_path / "out" / rel).read_bytes() for rel in files} == files
+        assert not [u for m, u in store.requests if m == "GET" and "/objects?" in u]
+        # A file that is gone (a garbage collection on lakeFS's side): through lakeFS.
+        gone = next(o for o in listed if o.path == "d/b/c.bin")
+        Path(gone.download_url[len("file://") :]).rename(tmp_path / "moved")
+        try:
+            dest = tmp_path / "again.bin"
+            store.requests.clear()
+            with dest.open("wb") as f, pytest.raises(StoreError):
+                store.download(repo, "main", gone.path, f, url=gone.download_url)
+            # asked lakeFS, which cannot serve it either: an error, not a silent empty file
+            assert [m for m, u in store.requests if "/objects?" in u][:1] == ["GET"]
+        finally:
+            (tmp_path / "moved").rename(gone.download_url[len("file://") :])
+        # Outside the folder: never read directly.
+        elsewhere = Recording(load({**stack_env, "PERAGO_LAKEFS_LOCAL_BLOCKSTORE": str(tmp_path)}))
+        assert [
+            o.download_url for o in elsewhere.list_objects(repo, "main", "d/", direct=True)
+        ] == [
+            "",
+            "",
+        ]
+    finally:
+        store.delete_repository(repo)
