@@ -40,6 +40,7 @@ from benchmarks.common import (
     ChildRun,
     Lakectl,
     Stack,
+    Trash,
     TreeSpec,
     rel_path,
     resolve_stack,
@@ -191,6 +192,7 @@ class Bench:
         self.store = LakeFSStore(load(self.env))
         self.token = uuid.uuid4().hex[:8]
         self.repos: list[str] = []
+        self.trash = Trash(tmp / "trash")
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -259,7 +261,7 @@ class Bench:
             publish.add(Sample.of_perago(pub), Sample.of_lakectl(commit))
             self.check_remote(repo, p_branch, spec)
             self.check_remote(repo, l_branch, spec)
-            shutil.rmtree(l_src)
+            self.trash.discard(l_src)
 
             # Both sides copy the same commit: the one Perago just published.
             p_out, l_out = work / f"perago-out-{rep}", work / f"lakectl-out-{rep}"
@@ -272,9 +274,9 @@ class Bench:
             copy.add(Sample.of_perago(mat), Sample.of_lakectl(clone))
             self.check_local(p_out, spec)
             self.check_local(l_out, spec)
-            shutil.rmtree(p_out)
-            shutil.rmtree(l_out)
-        shutil.rmtree(work)
+            self.trash.discard(p_out)
+            self.trash.discard(l_out)
+        self.trash.discard(work)
         return [publish, copy]
 
     # -- (c): one change among many small files ----------------------------------------------
@@ -295,7 +297,7 @@ class Bench:
         # The input commit on main (not measured).
         self.lakectl.init(f"lakefs://{repo}/main/{PREFIX}", src)
         self.lakectl.commit(src, "bench c: input")
-        shutil.rmtree(src)
+        self.trash.discard(src)
         self.check_remote(repo, "main", spec)
         before = self.remote(repo, "main")
 
@@ -332,9 +334,9 @@ class Bench:
                         f"after the one-file change, {repo}@{branch} differs from the input in "
                         f"{sorted(moved)[:5]} (expected exactly {changed!r} with the new size)"
                     )
-            shutil.rmtree(p_out)
-            shutil.rmtree(l_out)
-        shutil.rmtree(work)
+            self.trash.discard(p_out)
+            self.trash.discard(l_out)
+        self.trash.discard(work)
         return [publish, copy]
 
     # -- (i): the worker-local content cache ---------------------------------------------------
@@ -363,18 +365,19 @@ class Bench:
                 l_out = work / f"lakectl-out-{rep}-{n}"
                 clones.append(self.lakectl.clone(f"lakefs://{repo}/{p_branch}/{PREFIX}", l_out))
                 self.check_local(l_out, spec)
-                shutil.rmtree(l_out)
+                self.trash.discard(l_out)
             chained.add(
                 Sample.of_perago(run["chained"], run["max_rss_kib"]), Sample.of_lakectl(clones[0])
             )
             reread.add(
                 Sample.of_perago(run["reread"], run["max_rss_kib"]), Sample.of_lakectl(clones[1])
             )
-            shutil.rmtree(out)
-        shutil.rmtree(work)
+            self.trash.discard(out)
+        self.trash.discard(work)
         return [chained, reread]
 
     def cleanup(self) -> None:
+        self.trash.empty()
         for repo in self.repos:
             try:
                 self.store.delete_repository(repo)

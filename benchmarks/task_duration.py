@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from benchmarks.common import BenchmarkError, TreeSpec, write_tree
+from benchmarks.common import BenchmarkError, Trash, TreeSpec, write_tree
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.config import load
@@ -150,6 +150,7 @@ def measure(
     write_tree(produced / "part", writes, seed=7)
     store.create_repository(repo)
     samples: dict[str, list[tuple[float, float]]] = {}
+    trash = Trash(work_dir / "trash")
 
     def add(row: str, perago_s: float, lakectl_s: float) -> None:
         samples.setdefault(row, []).append((perago_s, lakectl_s))
@@ -166,7 +167,7 @@ def measure(
         def clone(uri: str = f"lakefs://{repo}/main/data/") -> float:
             out = work_dir / f"clone-{uuid.uuid4().hex[:6]}"
             run = lakectl.clone(uri, out)
-            shutil.rmtree(out)
+            trash.discard(out)
             return float(run.seconds)
 
         for rep in range(repeats):
@@ -191,7 +192,7 @@ def measure(
                 perago_w = _run(conductor, f"{write_name}_wf", write_input)
                 add(f"(h) write task, {writes.describe()}", perago_w,
                     float(lakectl.commit(l_src, "bench h").seconds))  # fmt: skip
-                shutil.rmtree(l_src)
+                trash.discard(l_src)
             # With the cache: read, read again; write, then read what was written.
             warm = load(env, janitor_on_start=False, concurrency=1, work_dir=work_dir / "work",
                         cache_dir=work_dir / "cache")  # fmt: skip
@@ -221,6 +222,7 @@ def measure(
                          "ratio": lk / p if p else None, "samples": pairs})  # fmt: skip
         return {"rows": rows}
     finally:
+        trash.empty()
         try:
             store.delete_repository(repo)
         except Exception:  # noqa: BLE001 - cleanup only

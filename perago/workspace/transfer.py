@@ -75,6 +75,7 @@ def run_parallel(items: Iterable[T], fn: Callable[[T], None], *, parallelism: in
 
 
 _MD5_HEX = re.compile(r"[0-9a-f]{32}")
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 def _md5_hex(checksum: str) -> bool:
@@ -154,15 +155,23 @@ def materialize(
 def _download(
     store: VersionStore, repository: str, ref: str, obj: ObjectInfo, dest: Path, *, hash_it: bool
 ) -> str:
-    """Download one object next to ``dest`` and rename it there; its checksum."""
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".perago-dl-")
+    """Download one object into ``dest``; its checksum.
+
+    The attempt directory starts empty, so ``dest`` is created in place (no temporary file
+    and rename per object); a file already there is replaced through a temporary file.
+    """
+    try:
+        fd, tmp = os.open(dest, _NEW, 0o600), None
+    except FileExistsError:
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".perago-dl-")
     try:
         with os.fdopen(fd, "wb") as f:
             writer = _HashingWriter(f, hash_it=hash_it)
             store.download(repository, ref, obj.path, writer, url=obj.download_url)  # type: ignore[arg-type]
-        os.replace(tmp, dest)
+        if tmp is not None:
+            os.replace(tmp, dest)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        Path(tmp or dest).unlink(missing_ok=True)
         raise
     if writer.size != obj.size:
         raise WorkspaceError(
