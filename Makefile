@@ -65,7 +65,7 @@ integration: install
 
 ## test: install, lint, typecheck, all tests (CI calls this)
 test: install lint typecheck
-	$(BIN)/pytest -q -ra tests
+	$(BIN)/pytest -q -ra --durations=25 tests
 
 bench: install
 	$(BIN)/python -m benchmarks.run

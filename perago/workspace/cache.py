@@ -41,7 +41,7 @@ import structlog
 
 from perago import metrics
 
-__all__ = ["ContentCache", "clone_file"]
+__all__ = ["ContentCache", "clone_file", "write_new"]
 
 log = structlog.get_logger("perago.workspace.cache")
 
@@ -91,7 +91,7 @@ _ADD = metrics.CACHE.labels("add")
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
-def _write_new(dest: Path, fill: Callable[[int], object], size: int) -> os.stat_result | None:
+def write_new(dest: Path, fill: Callable[[int], object], size: int) -> os.stat_result | None:
     """Create ``dest`` (it must not exist: attempts start empty), fill it, check its size.
 
     The file is removed again unless it ends up with exactly ``size`` bytes (None then).
@@ -215,7 +215,7 @@ class ContentCache:
                 self._drop(key, entry, "changed")
                 _MISS.inc()
                 return None
-            copied = _write_new(dest, lambda fd: clone_file(src, fd, entry.size), entry.size)
+            copied = write_new(dest, lambda fd: clone_file(src, fd, entry.size), entry.size)
         finally:
             os.close(src)
         if copied is None:
