@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,6 +138,15 @@ class Trash:
 
     def empty(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def create_cost_us(self, files: int = 500) -> float:
+        """Microseconds to create one empty file here now (the disk's state, see above)."""
+        folder = self.root / f"probe-{uuid.uuid4().hex[:8]}"
+        folder.mkdir()
+        started = time.perf_counter()
+        for i in range(files):
+            os.close(os.open(folder / f"p{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return (time.perf_counter() - started) / files * 1e6
 
 
 # -- child processes ----------------------------------------------------------------------------

@@ -562,21 +562,31 @@ def _run(
     rt: dict[str, Any] | None = None
     lease: dict[str, Any] | None = None
     task_rows: dict[str, Any] | None = None
+    creates: dict[str, float] = {}
+
+    def disk(key: str) -> str:
+        creates[key] = bench.trash.create_cost_us()
+        return f"file creation {creates[key]:.0f} us"
+
     try:
         if any(key in only for key in ("a", "b", "c")):
             baseline = bench.perago("baseline")
         for key, spec, seed in (("a", scale.many, 1), ("b", scale.large, 2)):
             if key in only:
-                print(f"({key}) {spec.describe()}, {repeats} repetition(s) ...", flush=True)
+                print(f"({key}) {spec.describe()}, {repeats} repetition(s), {disk(key)} ...",
+                      flush=True)  # fmt: skip
                 rows += bench.new_tree(key, spec, seed)
         if "c" in only:
-            print(f"(c) {scale.one_change.describe()}, {repeats} repetition(s) ...", flush=True)
+            print(f"(c) {scale.one_change.describe()}, {repeats} repetition(s), {disk('c')} ...",
+                  flush=True)  # fmt: skip
             rows += bench.one_change(scale.one_change, 3)
         if "i" in only:
-            print(f"(i) {scale.cached.describe()}, {repeats} repetition(s) ...", flush=True)
+            print(f"(i) {scale.cached.describe()}, {repeats} repetition(s), {disk('i')} ...",
+                  flush=True)  # fmt: skip
             rows += bench.cached(scale.cached, 4)
         if "h" in only:
-            print(f"(h) task durations through Conductor, {repeats} repetition(s) ...", flush=True)
+            print(f"(h) task durations through Conductor, {repeats} repetition(s), {disk('h')} "
+                  "...", flush=True)  # fmt: skip
             task_rows = task_duration.measure(
                 bench.env,
                 bench.lakectl,
@@ -649,6 +659,9 @@ def _run(
             "lakectl": str(stack.lakectl),
         },
         "rows": [r.to_json() for r in rows],
+        # us to create one empty file right before each scenario: on ext4 it grows up to 50x
+        # for a minute after many deletes (anyone's, lakeFS's too), see benchmarks.common.Trash
+        "file_create_us_before": creates,
         "total_seconds": elapsed,
     }
     if baseline is not None:
