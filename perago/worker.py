@@ -382,7 +382,7 @@ class Worker:
         finally:
             if lease is not None:
                 with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):
-                    release_lease(lease)
+                    release_lease(lease, wait=True)
         if landed is Landing.LANDED:
             log.info("attempt_reported", **fields)
             return

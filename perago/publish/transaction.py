@@ -71,16 +71,27 @@ _report_box: contextvars.ContextVar[ReportLease | None] = contextvars.ContextVar
 )
 
 
-def release_lease(lease: HeldLease) -> None:
-    """Release a branch lease in the background; a failure is only logged (it expires by
-    itself). Nothing waits for it: the publication or report is decided already, and this
-    process's next use of the lease waits for the release (measured in docs/benchmarks.md)."""
+def release_lease(lease: HeldLease, *, wait: bool = False) -> None:
+    """Release a branch lease; a failure is only logged (it expires by itself).
+
+    By default in the background: the publication is decided already, and this process's
+    next use of the lease waits for the release (measured in docs/benchmarks.md). ``wait``
+    releases before returning, as a worker does after its report: the task's duration has
+    ended with the report, and a worker that dies right after it leaves no lease behind.
+    """
 
     def failed(e: Exception) -> None:
         log.warning("lease_release_failed", fencing_token=lease.token, error=str(e))
 
-    lease.release_soon(failed)
-    log.info("branch_lease_releasing", fencing_token=lease.token)
+    if not wait:
+        lease.release_soon(failed)
+        log.info("branch_lease_releasing", fencing_token=lease.token)
+        return
+    try:
+        lease.release()
+        log.info("branch_lease_released", fencing_token=lease.token)
+    except Exception as e:  # noqa: BLE001 - it expires by itself; never mask the result
+        failed(e)
 
 
 #: A diff at most this large takes the branch lease while it uploads (see
