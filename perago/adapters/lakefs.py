@@ -556,7 +556,9 @@ class LakeFSStore:
                 dest.truncate()
                 url = ""
         if url:
-            resp = self._request("GET", url, what, headers={}, preload_content=False)
+            resp = self._request(
+                "GET", url, what, headers={}, server="object storage", preload_content=False
+            )
             try:
                 if resp.status in (400, 401, 403):
                     log.info("presigned_url_refused", status=resp.status, path=path)
@@ -583,15 +585,17 @@ class LakeFSStore:
         what: str,
         *,
         headers: dict[str, str] | None = None,
+        server: str = "lakeFS",
         **kwargs: Any,
     ) -> urllib3.BaseHTTPResponse:
-        """One HTTP request (lakeFS's auth unless ``headers`` says otherwise)."""
+        """One HTTP request (lakeFS's auth unless ``headers`` says otherwise); no answer is a
+        StoreError without a status, which the idempotent calls retry."""
         try:
             return self._http.request(
                 method, url, headers=self._auth if headers is None else headers, **kwargs
             )
         except urllib3.exceptions.HTTPError as e:
-            raise StoreError(f"{what} failed: {e}") from e
+            raise StoreError(f"{server} {what} failed: {e}") from e
 
     @_retry_idempotent
     def upload(
@@ -621,10 +625,7 @@ class LakeFSStore:
         if if_absent:
             headers["If-None-Match"] = "*"
         with f:
-            try:
-                resp = self._http.request("POST", url, body=f, headers=headers)
-            except urllib3.exceptions.HTTPError as e:
-                raise StoreError(f"lakeFS {what} failed: {e}") from e
+            resp = self._request("POST", url, what, body=f, headers=headers)
         self._check(resp, what)
         stats = json.loads(resp.data)
         return ObjectInfo(
@@ -647,6 +648,7 @@ class LakeFSStore:
             location["presigned_url"],
             what,
             headers={"Content-Length": str(size)},
+            server="object storage",
             body=f,
         )
         self._check(put, what, "object storage")

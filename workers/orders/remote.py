@@ -26,6 +26,7 @@ from workers.orders.tasks import (
     RevenueResult,
     clean_orders,
     daily_revenue,
+    quality_checks,
 )
 
 ORDERS = WorkspaceSpec(prefix="orders/", in_place=True)
@@ -150,20 +151,14 @@ def orders_quality_report_remote(
         .join(revenue.select("order_date").distinct(), "order_date")
         .count()
     )
-    checks = {
-        "revenue_matches_clean_total": abs(clean_total - revenue_total) <= 0.01 * clean_days,
-        "every_day_has_revenue": both == clean_days == revenue_days,
-        "no_negative_amounts": clean.where(F.col("amount") < 0).count() == 0,
-        "bad_ratio_within_limit": raw_rows > 0
-        and (raw_rows - clean_rows) / raw_rows <= params.max_bad_ratio,
-    }
-    if params.require_pass and not all(checks.values()):
-        failed = sorted(name for name, ok in checks.items() if not ok)
-        raise TaskError(
-            f"quality checks failed: {', '.join(failed)}; nothing is published. Fix the data "
-            "or the limit and re-run the workflow",
-            non_retryable=True,
-        )
+    checks = quality_checks(
+        params,
+        totals=(clean_total, revenue_total),
+        days=clean_days,
+        every_day_has_revenue=both == clean_days == revenue_days,
+        no_negative_amounts=clean.where(F.col("amount") < 0).count() == 0,
+        rows=(raw_rows, clean_rows),
+    )
     return ReportResult(
         clean_rows=clean_rows,
         revenue_rows=revenue.count(),

@@ -150,6 +150,37 @@ class ReportResult(BaseModel):
     checks: dict[str, bool]
 
 
+def quality_checks(
+    params: ReportParams,
+    *,
+    totals: tuple[float, float],
+    days: int,
+    every_day_has_revenue: bool,
+    no_negative_amounts: bool,
+    rows: tuple[int, int],
+) -> dict[str, bool]:
+    """The quality report's checks, from the clean and revenue ``totals``, the number of
+    clean ``days`` and the raw and clean ``rows``; as an audit (``require_pass``) a failed
+    check fails the task, non-retryable, so nothing is published."""
+    (clean_total, revenue_total), (raw_rows, clean_rows) = totals, rows
+    checks = {
+        "revenue_matches_clean_total": abs(clean_total - revenue_total) <= 0.01 * days,
+        "every_day_has_revenue": every_day_has_revenue,
+        "no_negative_amounts": no_negative_amounts,
+        "bad_ratio_within_limit": raw_rows > 0
+        and (raw_rows - clean_rows) / raw_rows <= params.max_bad_ratio,
+    }
+    if params.require_pass and not all(checks.values()):
+        failed = sorted(name for name, ok in checks.items() if not ok)
+        raise TaskError(
+            f"quality checks failed: {', '.join(failed)} ({raw_rows - clean_rows} of {raw_rows} "
+            f"raw rows dropped, limit {params.max_bad_ratio:.2%}); nothing is published. Fix the "
+            "data or the limit and re-run the workflow",
+            non_retryable=True,
+        )
+    return checks
+
+
 @task("orders_quality_report", workspace=WorkspaceSpec(prefix="orders/", read_only=True))
 def orders_quality_report(workspace: Path, params: ReportParams, spark: Any) -> ReportResult:
     """Cross-check the published tables; returns metrics and publishes nothing."""
@@ -163,21 +194,14 @@ def orders_quality_report(workspace: Path, params: ReportParams, spark: Any) -> 
     revenue_days = {r[0] for r in revenue.select("order_date").distinct().collect()}
     raw_rows = sum(sum(1 for _ in p.open()) - 1 for p in (workspace / "raw").glob("*.csv"))
     clean_rows = clean.count()
-    checks = {
-        "revenue_matches_clean_total": abs(clean_total - revenue_total) <= 0.01 * len(clean_days),
-        "every_day_has_revenue": clean_days == revenue_days,
-        "no_negative_amounts": clean.where(F.col("amount") < 0).count() == 0,
-        "bad_ratio_within_limit": raw_rows > 0
-        and (raw_rows - clean_rows) / raw_rows <= params.max_bad_ratio,
-    }
-    if params.require_pass and not all(checks.values()):
-        failed = sorted(name for name, ok in checks.items() if not ok)
-        raise TaskError(
-            f"quality checks failed: {', '.join(failed)} ({raw_rows - clean_rows} of {raw_rows} "
-            f"raw rows dropped, limit {params.max_bad_ratio:.2%}); nothing is published. Fix the "
-            "data or the limit and re-run the workflow",
-            non_retryable=True,
-        )
+    checks = quality_checks(
+        params,
+        totals=(clean_total, revenue_total),
+        days=len(clean_days),
+        every_day_has_revenue=clean_days == revenue_days,
+        no_negative_amounts=clean.where(F.col("amount") < 0).count() == 0,
+        rows=(raw_rows, clean_rows),
+    )
     return ReportResult(
         clean_rows=clean_rows,
         revenue_rows=revenue.count(),
