@@ -9,8 +9,8 @@ current step is recorded here for the outcome's reason.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -37,10 +37,17 @@ class RunningAttempt:
     params: BaseModel | None = None
     #: The workflow pinned the input ref (``workspace.ref``): every retry starts from it.
     pinned: bool = False
+    #: What waits until the outcome is reported (the attempt directory's removal).
+    after_report: ExitStack = field(default_factory=ExitStack)
 
     @classmethod
     def start(
-        cls, defn: TaskDefinition[Any, Any], task: TaskSnapshot, *, cluster_id: str = ""
+        cls,
+        defn: TaskDefinition[Any, Any],
+        task: TaskSnapshot,
+        *,
+        cluster_id: str = "",
+        after_report: ExitStack | None = None,
     ) -> RunningAttempt:
         identity = AttemptIdentity(
             workflow_id=task.workflow_id,
@@ -53,7 +60,7 @@ class RunningAttempt:
         )
         workspace = task.input.get("workspace")
         pinned = isinstance(workspace, dict) and workspace.get("ref") is not None
-        return cls(defn, task, identity, pinned=pinned)
+        return cls(defn, task, identity, pinned=pinned, after_report=after_report or ExitStack())
 
     def resolved(self, target: WorkspaceTarget, params: BaseModel, scope: str) -> None:
         """The pre-guardrails passed: the target, the params and the scope are known."""

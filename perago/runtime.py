@@ -170,8 +170,24 @@ class AttemptRunner:
             cache=self.cache,
         )
 
-    def run(self, defn: TaskDefinition[Any, Any], task: TaskSnapshot) -> Outcome:
-        attempt = RunningAttempt.start(defn, task, cluster_id=self._settings.cluster_id)
+    def run(
+        self,
+        defn: TaskDefinition[Any, Any],
+        task: TaskSnapshot,
+        *,
+        after_report: contextlib.ExitStack | None = None,
+    ) -> Outcome:
+        """The attempt's outcome. With ``after_report``, removing the attempt directory is
+        left on it, for the worker to close once the outcome is reported: deleting thousands
+        of files is not part of the task's duration (a crash in between leaves the attempt
+        record, whose recovery removes the directory). Without it, removed before returning.
+        """
+        if after_report is None:
+            with contextlib.ExitStack() as cleanup:
+                return self.run(defn, task, after_report=cleanup)
+        attempt = RunningAttempt.start(
+            defn, task, cluster_id=self._settings.cluster_id, after_report=after_report
+        )
         started = time.monotonic()
         with attempt.logging():
             try:
@@ -364,39 +380,40 @@ class AttemptRunner:
         self._refuse_projection_on_a_cluster(attempt)
         attempt.step = Phase.MATERIALIZE
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
-        with AttemptDirectory(self._settings.work_dir, me.task_id) as attempt_dir:
-            manifest = materialize(
-                self._store,
-                target.repository,
-                target.input_ref,
-                prefix,
-                attempt_dir.workspace,
-                parallelism=self._settings.transfer_parallelism,
-                cache=self.cache,
-            )
-            manifest.save(attempt_dir.manifest_path)
-            log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
-            metrics.FILES.labels("download").inc(len(manifest.entries))
-            metrics.BYTES.labels("download").inc(manifest.total_bytes)
-            steps.reached(Boundary.AFTER_MATERIALIZE)
-            checked = self._body_and_checks(attempt, attempt_dir.workspace)
-            if attempt.defn.workspace.read_only:
-                log.info("read_only_completed", ref=target.input_ref)
-                return self._completed(target, target.input_ref, checked)
-            attempt.step = Phase.DIFF
-            diff = compute_diff(manifest, attempt_dir.workspace)
-            log.info("diffed", **diff.summary())
-            spec = attempt.defn.workspace
-            renames_ok = spec.renames_are_noops
-            if renames_ok is None:
-                renames_ok = attempt.defn.wants_spark
-            if renames_ok and only_renames(manifest, diff, attempt_dir.workspace):
-                log.info("only_renamed_same_bytes", renamed=len(diff.added))
-                diff = Diff()  # the published tree would differ by file names alone
-            attempt.step = Phase.PUBLISH
-            with self._publisher.lease_for_report() as kept:
-                ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
-            return self._completed(target, ref, checked, kept.lease)
+        attempt_dir = AttemptDirectory(self._settings.work_dir, me.task_id)
+        attempt.after_report.callback(attempt_dir.remove)
+        manifest = materialize(
+            self._store,
+            target.repository,
+            target.input_ref,
+            prefix,
+            attempt_dir.workspace,
+            parallelism=self._settings.transfer_parallelism,
+            cache=self.cache,
+        )
+        manifest.save(attempt_dir.manifest_path)
+        log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
+        metrics.FILES.labels("download").inc(len(manifest.entries))
+        metrics.BYTES.labels("download").inc(manifest.total_bytes)
+        steps.reached(Boundary.AFTER_MATERIALIZE)
+        checked = self._body_and_checks(attempt, attempt_dir.workspace)
+        if attempt.defn.workspace.read_only:
+            log.info("read_only_completed", ref=target.input_ref)
+            return self._completed(target, target.input_ref, checked)
+        attempt.step = Phase.DIFF
+        diff = compute_diff(manifest, attempt_dir.workspace)
+        log.info("diffed", **diff.summary())
+        spec = attempt.defn.workspace
+        renames_ok = spec.renames_are_noops
+        if renames_ok is None:
+            renames_ok = attempt.defn.wants_spark
+        if renames_ok and only_renames(manifest, diff, attempt_dir.workspace):
+            log.info("only_renamed_same_bytes", renamed=len(diff.added))
+            diff = Diff()  # the published tree would differ by file names alone
+        attempt.step = Phase.PUBLISH
+        with self._publisher.lease_for_report() as kept:
+            ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
+        return self._completed(target, ref, checked, kept.lease)
 
     def _run_in_place(self, attempt: RunningAttempt) -> Outcome:
         """In place: the body reads the input ref and writes the staging branch over S3."""

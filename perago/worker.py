@@ -7,6 +7,7 @@ protocol (Conductor in production, ``perago.testing.StubOrchestrator`` in unit t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import signal
 import threading
@@ -264,9 +265,14 @@ class Worker:
         # Kept until the report is sent: a restart after a crash fails what it names (recovery);
         # an attempt interrupted before that keeps it, which is right: it was not reported.
         record = self._records.add(snapshot, worker_id=worker_id)
+        # The attempt directory goes after the report, before the record (recovery removes
+        # what a crash in between leaves).
+        after_report = contextlib.ExitStack()
         try:
             try:
-                outcome = self._runner.run(self._tasks[snapshot.task_type], snapshot)
+                outcome = self._runner.run(
+                    self._tasks[snapshot.task_type], snapshot, after_report=after_report
+                )
             except WorkerShutdown as e:
                 outcome = outcome_of(e, where="run")
             except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
@@ -288,6 +294,7 @@ class Worker:
             step = "report"
             self._report(snapshot, outcome, updates)
             step = "after report"
+            after_report.close()
             self._records.remove(record)
             steps.reached(Boundary.AFTER_COMPLETE)
         except Interrupt as e:
@@ -305,6 +312,7 @@ class Worker:
             )
         finally:
             stop_extending.set()
+            after_report.close()
             metrics.IN_FLIGHT.dec()
             with self._lock:
                 self._inflight.pop(snapshot.task_id, None)

@@ -349,6 +349,36 @@ def test_failures_publish_nothing(
     assert not list((tmp_path / "work").iterdir())  # attempt directories removed
 
 
+class _SeesWorkDir(StubOrchestrator):
+    """Records, at each report, the attempt directories the worker still has."""
+
+    def __init__(self, work: Path) -> None:
+        super().__init__(gate_timeout=20)
+        self.work = work
+        self.at_report: list[list[str]] = []
+
+    def report(self, task: Any, outcome: Outcome, **kw: Any) -> None:
+        self.at_report.append(
+            sorted(str(p.relative_to(self.work)) for p in self.work.glob("*/workspace/**/*.txt"))
+        )
+        super().report(task, outcome, **kw)
+
+
+@pytest.mark.parametrize("task_type", ["writer", "reader"])
+def test_attempt_directory_is_removed_after_the_report(
+    store: MemoryStore, tmp_path: Path, task_type: str
+) -> None:
+    # Deleting the workspace is not part of the task's duration in Conductor: the report
+    # goes first, the directory next, then the attempt record (whose recovery removes a
+    # directory a crash in between leaves: test_recovery).
+    stub = _SeesWorkDir(tmp_path / "work")
+    with running(stub, store, tmp_path):
+        assert settle(stub, step(stub, task_type=task_type)).status == "COMPLETED"
+    (seen,) = stub.at_report
+    assert "in.txt" in [Path(p).name for p in seen]
+    assert not [p for p in (tmp_path / "work").iterdir() if p.name != "attempts"]
+
+
 def test_read_only_discards_writes_and_keeps_ref(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
 ) -> None:

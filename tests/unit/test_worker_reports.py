@@ -30,7 +30,7 @@ class Runner:
     def __init__(self, action: BaseException | Outcome) -> None:
         self.action = action
 
-    def run(self, *args: Any) -> Outcome:
+    def run(self, *args: Any, **kwargs: Any) -> Outcome:
         if isinstance(self.action, BaseException):
             raise self.action
         return self.action
