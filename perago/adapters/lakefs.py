@@ -1,14 +1,16 @@
 """The only module that talks to lakeFS.
 
-Metadata calls go through the generated ``lakefs_sdk``; object bytes are streamed with the
-same connection settings over urllib3, because the generated client buffers whole bodies in
-memory. Every SDK error is translated into a :class:`perago.errors.StoreError` subclass.
+Metadata calls go through the generated ``lakefs_sdk``; object bytes and listings go over
+:mod:`perago.adapters.http` (streamed: the generated client buffers whole bodies in memory,
+and costs more CPU per request). Every SDK error is translated into a
+:class:`perago.errors.StoreError` subclass.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -16,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import lakefs_sdk
 import structlog
@@ -25,6 +27,7 @@ from lakefs_sdk.exceptions import ApiException
 from pydantic import SecretStr
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
+from perago.adapters.http import Response, Transport, TransportError
 from perago.errors import ConfigError, ConflictError, NotFoundError, StoreError, WorkspaceError
 from perago.store import Commit, ObjectInfo
 
@@ -33,13 +36,15 @@ __all__ = ["LakeFSConnection", "LakeFSStore"]
 T = TypeVar("T")
 log = structlog.get_logger("perago.adapters.lakefs")
 _CHUNK = 1024 * 1024
+#: Files up to this size are uploaded from memory (at most this much per transfer thread).
+_SMALL_BODY = 1024 * 1024
 MAX_DELETE_BATCH = 1000
 
 
 def _is_transient(e: BaseException) -> bool:
     if isinstance(e, StoreError):
         return e.status in (429, 502, 503, 504) or e.status is None
-    return isinstance(e, urllib3.exceptions.HTTPError | OSError)
+    return isinstance(e, urllib3.exceptions.HTTPError | OSError | http.client.HTTPException)
 
 
 #: Retries for calls that are safe to repeat (reads, deletes, idempotent creates).
@@ -54,6 +59,14 @@ _retry_idempotent = retry(
 def _unsigned(url: str) -> str:
     """A pre-signed URL without its query (signature, expiry): it names the object's bytes."""
     return url.split("?", 1)[0]
+
+
+def _unreadable(source: Path, what: str, e: OSError) -> WorkspaceError:
+    return WorkspaceError(
+        f"cannot read {source} to {what} ({e.strerror or e}); the workspace changed after the "
+        "diff (a thread of the task body still writing?) or the disk failed; the attempt fails "
+        "and Conductor retries it"
+    )
 
 
 def _translate(e: ApiException, what: str) -> StoreError:
@@ -125,10 +138,10 @@ class LakeFSStore:
         self._base = settings.lakefs_api_url
         token = base64.b64encode(f"{settings.lakefs_access_key_id}:{secret}".encode()).decode()
         self._auth = {"Authorization": f"Basic {token}"}
-        self._http = urllib3.PoolManager(
+        self._http = Transport(
+            connect_timeout=10,
+            read_timeout=self._timeout,
             maxsize=max(16, settings.transfer_parallelism * 2),
-            timeout=urllib3.Timeout(connect=10, read=self._timeout),
-            retries=False,
         )
         self.repos = lakefs_sdk.RepositoriesApi(self._client)
         self.branches = lakefs_sdk.BranchesApi(self._client)
@@ -143,7 +156,7 @@ class LakeFSStore:
         self._local_root = os.path.realpath(local) + os.sep if local is not None else None
 
     def close(self) -> None:
-        self._http.clear()
+        self._http.close()
         self._client.close()
 
     def _call(
@@ -528,7 +541,7 @@ class LakeFSStore:
             f"?path={quote(path, safe='')}"
         )
 
-    def _check(self, resp: urllib3.BaseHTTPResponse, what: str, server: str = "lakeFS") -> None:
+    def _check(self, resp: Response, what: str, server: str = "lakeFS") -> None:
         if resp.status >= 300:
             body = resp.data[:300].decode(errors="replace") if resp.data else ""
             raise _error_for(resp.status, str(resp.reason or ""), body, f"{server} {what}")
@@ -587,15 +600,19 @@ class LakeFSStore:
         headers: dict[str, str] | None = None,
         server: str = "lakeFS",
         **kwargs: Any,
-    ) -> urllib3.BaseHTTPResponse:
+    ) -> Response:
         """One HTTP request (lakeFS's auth unless ``headers`` says otherwise); no answer is a
         StoreError without a status, which the idempotent calls retry."""
         try:
             return self._http.request(
                 method, url, headers=self._auth if headers is None else headers, **kwargs
             )
-        except urllib3.exceptions.HTTPError as e:
-            raise StoreError(f"{server} {what} failed: {e}") from e
+        except TransportError as e:
+            where = urlsplit(url).netloc
+            raise StoreError(
+                f"{server} {what} failed: no answer from {where} ({type(e).__name__}: {e}); "
+                f"is {server} running and reachable?"
+            ) from e
 
     @_retry_idempotent
     def upload(
@@ -606,26 +623,28 @@ class LakeFSStore:
         url = self._url(repository, f"branches/{quote(branch, safe='')}/objects", path)
         try:
             # A local file that cannot be read is no network fault: never retried.
-            size = source.stat().st_size
             f = source.open("rb")
         except OSError as e:
-            raise WorkspaceError(
-                f"cannot read {source} to {what} ({e.strerror or e}); the workspace changed "
-                "after the diff (a thread of the task body still writing?) or the disk failed; "
-                "the attempt fails and Conductor retries it"
-            ) from e
-        if not if_absent and self.presigned():
-            with f:
-                return self._upload_presigned(repository, branch, path, f, size, what)
-        headers = {
-            **self._auth,
-            "Content-Type": "application/octet-stream",
-            "Content-Length": str(size),
-        }
-        if if_absent:
-            headers["If-None-Match"] = "*"
+            raise _unreadable(source, what, e) from e
         with f:
-            resp = self._request("POST", url, what, body=f, headers=headers)
+            try:
+                size = os.fstat(f.fileno()).st_size
+                # a small file in one read and one send, not a pair per block
+                body: bytes | IO[bytes] = f.read() if size <= _SMALL_BODY else f
+            except OSError as e:
+                raise _unreadable(source, what, e) from e
+            if isinstance(body, bytes):
+                size = len(body)
+            if not if_absent and self.presigned():
+                return self._upload_presigned(repository, branch, path, body, size, what)
+            headers = {
+                **self._auth,
+                "Content-Type": "application/octet-stream",
+                "Content-Length": str(size),
+            }
+            if if_absent:
+                headers["If-None-Match"] = "*"
+            resp = self._request("POST", url, what, body=body, headers=headers)
         self._check(resp, what)
         stats = json.loads(resp.data)
         return ObjectInfo(
@@ -636,7 +655,7 @@ class LakeFSStore:
         )
 
     def _upload_presigned(
-        self, repository: str, branch: str, path: str, f: IO[bytes], size: int, what: str
+        self, repository: str, branch: str, path: str, f: bytes | IO[bytes], size: int, what: str
     ) -> ObjectInfo:
         """Ask lakeFS where to put the bytes, PUT them there, then link them to ``path``."""
         backing = self._url(repository, f"branches/{quote(branch, safe='')}/staging/backing", path)
@@ -680,7 +699,7 @@ class LakeFSStore:
             headers["If-None-Match"] = "*"
         try:
             resp = self._http.request("POST", url, body=data, headers=headers)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
+        except TransportError as e:
             raise StoreError(
                 f"lakeFS {what} failed: no answer from {self._base} ({e}); whether it landed "
                 "is unknown: read the object back before deciding again"

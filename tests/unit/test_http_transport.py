@@ -1,0 +1,132 @@
+"""perago.adapters.http against a real HTTP/1.1 server on 127.0.0.1 (the standard library's)."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from perago.adapters.http import Transport, TransportError
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    #: close each connection after its response without saying so (an idle keep-alive
+    #: timeout on the server's side, as the client sees it)
+    drop_after_response = False
+    delay = 0.0
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.connections = 0
+        self.bodies: list[bytes] = []
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.connections += 1
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, body: bytes) -> None:
+        time.sleep(self.server.delay)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+        if self.server.drop_after_response:
+            self.close_connection = True
+
+    def do_GET(self) -> None:
+        size = int(self.path.rsplit("/", 1)[1])
+        self._answer(b"x" * size)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.bodies.append(body)
+        self._answer(b'{"ok": true}')
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    s = _Server()
+    t = threading.Thread(target=s.serve_forever, daemon=True)
+    t.start()
+    yield s
+    s.shutdown()
+    s.server_close()
+
+
+def _url(server: _Server, tail: str) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}{tail}"
+
+
+def _transport(read_timeout: float = 5.0) -> Transport:
+    return Transport(connect_timeout=2, read_timeout=read_timeout, maxsize=4)
+
+
+def test_requests_read_to_the_end_share_one_connection(server: _Server) -> None:
+    http = _transport()
+    assert http.request("GET", _url(server, "/a/10")).data == b"x" * 10
+    stream = http.request("GET", _url(server, "/a/3"), preload_content=False)
+    assert stream.read(2) + stream.read(5) == b"xxx"
+    stream.release_conn()
+    assert http.request("POST", _url(server, "/p"), body=b"abc").data == b'{"ok": true}'
+    assert server.connections == 1
+    http.close()
+
+
+def test_a_response_not_read_to_the_end_does_not_give_its_connection_back(
+    server: _Server,
+) -> None:
+    http = _transport()
+    stream = http.request("GET", _url(server, "/a/100000"), preload_content=False)
+    assert stream.read(10) == b"x" * 10
+    stream.release_conn()
+    # the unread bytes would be taken for the next response's status line
+    assert http.request("GET", _url(server, "/a/5")).data == b"xxxxx"
+    assert server.connections == 2
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_and_the_body_sent_again(
+    server: _Server,
+) -> None:
+    http = _transport()
+    server.drop_after_response = True
+    assert http.request("GET", _url(server, "/a/1")).data == b"x"
+    time.sleep(0.1)  # the server has closed it by now; the client still holds it as idle
+    body = io.BytesIO(b"0123456789")
+    body.seek(2)
+    answer = http.request("POST", _url(server, "/p"), body=body, headers={"Content-Length": "8"})
+    assert answer.status == 200
+    assert server.bodies == [b"23456789"]  # from where the caller's stream stood, once
+    assert server.connections == 2
+
+
+def test_no_server_is_a_transport_error() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TransportError):
+        _transport().request("GET", f"http://127.0.0.1:{port}/a/1")
+
+
+def test_a_server_slower_than_the_read_timeout_is_a_transport_error(server: _Server) -> None:
+    server.delay = 1.0
+    http = _transport(read_timeout=5.0)
+    started = time.monotonic()
+    with pytest.raises(TransportError):
+        http.request("GET", _url(server, "/a/1"), timeout=0.2)
+    assert time.monotonic() - started < 0.9
+    assert http.request("GET", _url(server, "/a/2")).data == b"xx"  # its own timeout again
