@@ -138,7 +138,10 @@ class Settings(BaseSettings):
         ge=1,
         le=128,
         description="Parallel object transfers between lakeFS and a workspace (25, like "
-        "`lakectl local`: each upload waits mostly on lakeFS, not on this process).",
+        "`lakectl local`: each upload waits mostly on lakeFS, not on this process). On 1-2 "
+        "cores next to lakeFS, 8 can be faster for many small objects, as more threads wait "
+        "on Python's GIL (10,000 x 1 KiB: 3.9-4.8 s at 8-12, 4.9-6.1 s at 25 on 2 cores); "
+        "against distant object storage keep 25 or more.",
     )
     presign: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -64,14 +64,21 @@ def local_path_for(root: Path, relative: str) -> Path:
 
 
 def run_parallel(items: Iterable[T], fn: Callable[[T], None], *, parallelism: int) -> None:
-    """Run ``fn`` over ``items`` on a thread pool; the first failure cancels the rest."""
-    with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="perago-xfer") as pool:
-        futures: list[Future[None]] = [pool.submit(fn, item) for item in items]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for f in pending:
-            f.cancel()
-        for f in done:
-            f.result()
+    """Run ``fn`` over ``items`` on a thread pool; the first failure cancels the rest.
+
+    Whatever ends the wait (a failure, or the drain interrupting this thread) cancels the
+    items not started yet, and returns once the running ones have ended. The wait wakes up
+    every quarter second: the drain's exception reaches a thread only while it runs Python.
+    """
+    pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="perago-xfer")
+    try:
+        pending: set[Future[None]] = {pool.submit(fn, item) for item in items}
+        while pending:
+            done, pending = wait(pending, timeout=0.25, return_when=FIRST_EXCEPTION)
+            for f in done:
+                f.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 _MD5_HEX = re.compile(r"[0-9a-f]{32}")
