@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import TypeVar
 
 from perago.errors import UnsafePathError, WorkspaceError
 from perago.store import ObjectInfo, VersionStore
@@ -23,27 +23,39 @@ T = TypeVar("T")
 
 
 class _HashingWriter:
-    """A file wrapper that hashes what passes through, so downloads are read once."""
+    """Writes to a file descriptor and hashes what passes through, so downloads are read once.
 
-    def __init__(self, f: IO[bytes], *, hash_it: bool = True) -> None:
-        self._f = f
+    No Python file object: a download of a small object is one ``write`` system call, and
+    the rewind before the first try (:meth:`VersionStore.download` rewinds for its retries)
+    costs none.
+    """
+
+    def __init__(self, fd: int, *, hash_it: bool = True) -> None:
+        self._fd = fd
         self._hash = hash_it
         self.md5 = hashlib.md5(usedforsecurity=False)
         self.size = 0
+        self._written = False
 
     def write(self, b: bytes) -> int:
         if self._hash:
             self.md5.update(b)
+        view = memoryview(b)
+        while view:
+            view = view[os.write(self._fd, view) :]
         self.size += len(b)
-        return self._f.write(b)
+        self._written = self._written or bool(b)
+        return len(b)
 
     def seek(self, pos: int) -> int:
         self.md5 = hashlib.md5(usedforsecurity=False)
         self.size = 0
-        return self._f.seek(pos)
+        return os.lseek(self._fd, pos, os.SEEK_SET) if self._written else pos
 
     def truncate(self) -> int:
-        return self._f.truncate()
+        if self._written:
+            os.ftruncate(self._fd, os.lseek(self._fd, 0, os.SEEK_CUR))
+        return self.size
 
 
 def local_path_for(root: Path, relative: str) -> Path:
@@ -148,14 +160,15 @@ def materialize(
         obj, dest = item
         folder(dest)
         trusted = _md5_hex(obj.checksum)
-        if trusted and obj.download_url.startswith("file://") and _copy_local(obj, dest):
-            checksum = obj.checksum
+        copied = trusted and obj.download_url.startswith("file://") and _copy_local(obj, dest)
+        if copied:
+            checksum, st = obj.checksum, os.stat(dest)
         else:
-            checksum = _download(store, repository, ref, obj, dest, hash_it=not trusted)
+            checksum, st = _download(store, repository, ref, obj, dest, hash_it=not trusted)
         key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
         if cache is not None and key is not None:
             cache.add_downloaded(key, dest, obj.size)
-        record(obj, checksum, os.stat(dest))
+        record(obj, checksum, st)
 
     if misses:
         run_parallel(misses, fetch, parallelism=parallelism)
@@ -182,8 +195,8 @@ def _copy_local(obj: ObjectInfo, dest: Path) -> bool:
 
 def _download(
     store: VersionStore, repository: str, ref: str, obj: ObjectInfo, dest: Path, *, hash_it: bool
-) -> str:
-    """Download one object into ``dest``; its checksum.
+) -> tuple[str, os.stat_result]:
+    """Download one object into ``dest``; its checksum and stat.
 
     The attempt directory starts empty, so ``dest`` is created in place (no temporary file
     and rename per object); a file already there is replaced through a temporary file.
@@ -193,9 +206,12 @@ def _download(
     except FileExistsError:
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".perago-dl-")
     try:
-        with os.fdopen(fd, "wb") as f:
-            writer = _HashingWriter(f, hash_it=hash_it)
+        try:
+            writer = _HashingWriter(fd, hash_it=hash_it)
             store.download(repository, ref, obj.path, writer, url=obj.download_url)  # type: ignore[arg-type]
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
         if tmp is not None:
             os.replace(tmp, dest)
     except BaseException:
@@ -206,7 +222,7 @@ def _download(
             f"download of {obj.path} at {ref} returned {writer.size} bytes, lakeFS lists "
             f"{obj.size}; retry the task"
         )
-    return writer.md5.hexdigest() if hash_it else obj.checksum
+    return (writer.md5.hexdigest() if hash_it else obj.checksum), st
 
 
 def upload_all(
