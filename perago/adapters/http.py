@@ -6,15 +6,19 @@ request (URL parsing, pool keys, response wrappers: 0.8 against 0.4 ms per 64 Ki
 issue 15's profile), so the transfers use ``http.client`` connections directly, shared by
 all threads through one idle list per server. Metadata calls keep the generated SDK.
 
-A connection is reused only after its response was read to the end; a request that finds
-its reused connection closed by the server (an idle keep-alive timeout) is sent once more
-on a new connection, as urllib3 does. Every other failure is an ``OSError`` or an
-``http.client.HTTPException`` for the caller to translate.
+A connection is reused only after its response was read to the end, and only if the server
+has not closed it meanwhile (an idle keep-alive timeout: checked with a zero-timeout poll
+before each reuse, as urllib3 does). If the server closes it in the instant between that
+check and the request, an idempotent request (GET, HEAD, PUT, DELETE) is sent once more on a
+new connection; a POST is not, since it may have landed (a conditional create would then
+answer that its own object exists): the caller decides. Every other failure is an
+``OSError`` or an ``http.client.HTTPException`` for the caller to translate.
 """
 
 from __future__ import annotations
 
 import http.client
+import select
 import ssl
 import threading
 from collections.abc import Mapping
@@ -24,6 +28,9 @@ from urllib.parse import urlsplit
 __all__ = ["Response", "Transport", "TransportError"]
 
 TransportError = (OSError, http.client.HTTPException)
+
+#: Methods a server may see twice with the same effect as once.
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 #: Bytes read from a file body per send (http.client's default, 8 KiB, costs a system call
 #: pair per 8 KiB).
@@ -54,6 +61,18 @@ class _TLSConnection(http.client.HTTPSConnection):
     def connect(self) -> None:
         super().connect()
         self.sock.settimeout(self.read_timeout)
+
+
+def _closed_by_server(conn: Any) -> bool:
+    """An idle connection with something to read has been closed (or spoken on) by the server."""
+    if conn.sock is None:
+        return False  # it connects again by itself
+    poller = select.poll()
+    poller.register(conn.sock, select.POLLIN)
+    try:
+        return bool(poller.poll(0))
+    except OSError:
+        return True
 
 
 class Response:
@@ -134,7 +153,7 @@ class Transport:
                 raw = conn.getresponse()
             except _STALE:
                 conn.close()
-                if not reused or last:
+                if not reused or last or method not in _IDEMPOTENT:
                     raise
                 if start is not None:
                     body.seek(start)  # type: ignore[union-attr]
@@ -154,9 +173,13 @@ class Transport:
 
     def _get(self, key: tuple[str, str, int], timeout: float | None) -> tuple[Any, bool]:
         read_timeout = timeout or self._read_timeout
-        with self._lock:
-            idle = self._idle.get(key)
-            conn = idle.pop() if idle else None
+        while True:
+            with self._lock:
+                idle = self._idle.get(key)
+                conn = idle.pop() if idle else None
+            if conn is None or not _closed_by_server(conn):
+                break
+            conn.close()
         if conn is not None:
             conn.read_timeout = read_timeout
             if conn.sock is not None:

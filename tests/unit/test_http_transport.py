@@ -21,11 +21,15 @@ class _Server(ThreadingHTTPServer):
     #: close each connection after its response without saying so (an idle keep-alive
     #: timeout on the server's side, as the client sees it)
     drop_after_response = False
+    #: read the next request, then close the connection without an answer (the server's
+    #: idle timeout striking between the client's check and its request)
+    vanish_once = False
     delay = 0.0
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.connections = 0
+        self.requests = 0
         self.bodies: list[bytes] = []
 
 
@@ -40,6 +44,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    def _vanish(self) -> bool:
+        self.server.requests += 1
+        if not self.server.vanish_once:
+            return False
+        self.server.vanish_once = False
+        self.close_connection = True
+        return True
+
     def _answer(self, body: bytes) -> None:
         time.sleep(self.server.delay)
         self.send_response(200)
@@ -51,12 +63,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def do_GET(self) -> None:
+        if self._vanish():
+            return
         size = int(self.path.rsplit("/", 1)[1])
         self._answer(b"x" * size)
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.bodies.append(body)
+        if self._vanish():
+            return
         self._answer(b'{"ok": true}')
 
 
@@ -101,7 +117,7 @@ def test_a_response_not_read_to_the_end_does_not_give_its_connection_back(
     assert server.connections == 2
 
 
-def test_a_connection_the_server_closed_while_idle_is_replaced_and_the_body_sent_again(
+def test_a_connection_the_server_closed_while_idle_is_not_reused(
     server: _Server,
 ) -> None:
     http = _transport()
@@ -114,6 +130,29 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_and_the_body_sent
     assert answer.status == 200
     assert server.bodies == [b"23456789"]  # from where the caller's stream stood, once
     assert server.connections == 2
+
+
+def test_a_get_whose_reused_connection_vanishes_unanswered_is_sent_again(
+    server: _Server,
+) -> None:
+    http = _transport()
+    assert http.request("GET", _url(server, "/a/1")).data == b"x"
+    server.vanish_once = True
+    assert http.request("GET", _url(server, "/a/3")).data == b"xxx"
+    assert server.requests == 3 and server.connections == 2
+
+
+def test_a_post_whose_reused_connection_vanishes_unanswered_is_not_sent_again(
+    server: _Server,
+) -> None:
+    # It may have landed: a conditional create sent again would find its own object.
+    http = _transport()
+    assert http.request("GET", _url(server, "/a/1")).data == b"x"
+    server.vanish_once = True
+    with pytest.raises(TransportError):
+        http.request("POST", _url(server, "/p"), body=b"once")
+    assert server.bodies == [b"once"]
+    assert http.request("POST", _url(server, "/p"), body=b"again").status == 200
 
 
 def test_no_server_is_a_transport_error() -> None:
