@@ -132,12 +132,18 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused(
     assert server.connections == 2
 
 
-def test_a_get_whose_reused_connection_vanishes_unanswered_is_sent_again(
-    server: _Server,
-) -> None:
+def _kept_alive_then_vanishing(server: _Server) -> Transport:
+    """A transport holding an idle connection the server will drop at its next request."""
     http = _transport()
     assert http.request("GET", _url(server, "/a/1")).data == b"x"
     server.vanish_once = True
+    return http
+
+
+def test_a_get_whose_reused_connection_vanishes_unanswered_is_sent_again(
+    server: _Server,
+) -> None:
+    http = _kept_alive_then_vanishing(server)
     assert http.request("GET", _url(server, "/a/3")).data == b"xxx"
     assert server.requests == 3 and server.connections == 2
 
@@ -146,9 +152,7 @@ def test_a_post_whose_reused_connection_vanishes_unanswered_is_not_sent_again(
     server: _Server,
 ) -> None:
     # It may have landed: a conditional create sent again would find its own object.
-    http = _transport()
-    assert http.request("GET", _url(server, "/a/1")).data == b"x"
-    server.vanish_once = True
+    http = _kept_alive_then_vanishing(server)
     with pytest.raises(TransportError):
         http.request("POST", _url(server, "/p"), body=b"once")
     assert server.bodies == [b"once"]
