@@ -176,10 +176,8 @@ def test_no_server_is_a_transport_error() -> None:
 def test_a_server_slower_than_the_read_timeout_is_a_transport_error(server: _Server) -> None:
     server.delay = 1.0
     http = _transport(read_timeout=5.0)
-    started = time.monotonic()
-    with pytest.raises(TransportError):
+    with pytest.raises(TransportError):  # the answer comes in 1 s: within 5, not within 0.2
         http.request("GET", _url(server, "/a/1"), timeout=0.2)
-    assert time.monotonic() - started < 0.9
     assert http.request("GET", _url(server, "/a/2")).data == b"xx"  # its own timeout again
 
 
