@@ -46,8 +46,8 @@ class RunningAttempt:
         defn: TaskDefinition[Any, Any],
         task: TaskSnapshot,
         *,
+        after_report: ExitStack,
         cluster_id: str = "",
-        after_report: ExitStack | None = None,
     ) -> RunningAttempt:
         identity = AttemptIdentity(
             workflow_id=task.workflow_id,
@@ -60,7 +60,7 @@ class RunningAttempt:
         )
         workspace = task.input.get("workspace")
         pinned = isinstance(workspace, dict) and workspace.get("ref") is not None
-        return cls(defn, task, identity, pinned=pinned, after_report=after_report or ExitStack())
+        return cls(defn, task, identity, pinned=pinned, after_report=after_report)
 
     def resolved(self, target: WorkspaceTarget, params: BaseModel, scope: str) -> None:
         """The pre-guardrails passed: the target, the params and the scope are known."""

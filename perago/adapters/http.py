@@ -45,22 +45,23 @@ _STALE = (
 )
 
 
-class _Connection(http.client.HTTPConnection):
-    """A connection whose connect timeout differs from its read timeout."""
+class _ReadTimeout:
+    """A connection whose connect timeout (its ``timeout``) differs from its read timeout."""
 
     read_timeout: float
+    sock: Any
 
     def connect(self) -> None:
-        super().connect()
+        super().connect()  # type: ignore[misc]
         self.sock.settimeout(self.read_timeout)
 
 
-class _TLSConnection(http.client.HTTPSConnection):
-    read_timeout: float
+class _Connection(_ReadTimeout, http.client.HTTPConnection):
+    pass
 
-    def connect(self) -> None:
-        super().connect()
-        self.sock.settimeout(self.read_timeout)
+
+class _TLSConnection(_ReadTimeout, http.client.HTTPSConnection):
+    pass
 
 
 def _closed_by_server(conn: Any) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import http.client
 import json
 import os
 import shutil
@@ -44,7 +43,7 @@ MAX_DELETE_BATCH = 1000
 def _is_transient(e: BaseException) -> bool:
     if isinstance(e, StoreError):
         return e.status in (429, 502, 503, 504) or e.status is None
-    return isinstance(e, urllib3.exceptions.HTTPError | OSError | http.client.HTTPException)
+    return isinstance(e, urllib3.exceptions.HTTPError | OSError)
 
 
 #: Retries for calls that are safe to repeat (reads, deletes, idempotent creates).

@@ -1,4 +1,4 @@
-"""A fresh, private directory per attempt, removed at the end whatever happened."""
+"""A fresh, private directory per attempt; the worker removes it once the attempt is reported."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import shutil
 import stat
 import uuid
 from pathlib import Path
-from types import TracebackType
 
 import structlog
 
@@ -43,17 +42,6 @@ class AttemptDirectory:
         self.workspace = self.root / "workspace"
         self.workspace.mkdir(mode=0o700)
         self.manifest_path = self.root / "manifest.json"
-
-    def __enter__(self) -> AttemptDirectory:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.remove()
 
     def remove(self) -> None:
         try:
