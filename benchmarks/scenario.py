@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from benchmarks.common import tree_stats
 from perago.adapters.lakefs import LakeFSStore
 from perago.config import Settings, load
 from perago.orchestrator import TaskSnapshot
@@ -109,6 +110,13 @@ def _publish(
     }
 
 
+def _adopt(cache: ContentCache, root: Path) -> float:
+    """The cache adopts ``root``'s files, as a worker does after the report; the seconds."""
+    started = time.perf_counter()
+    cache.adopt(root)
+    return time.perf_counter() - started
+
+
 def _materialize(
     settings: Settings,
     store: LakeFSStore,
@@ -174,19 +182,23 @@ def main(argv: list[str] | None = None) -> int:
             )
             result.update(result.pop("materialize"))
         elif args.op == "cache":
-            # One worker process: publish (the uploads seed its cache), then read what it
-            # just published, then read that ref again.
+            # One worker process: publish (its uploads are vouched for), then read what it
+            # just published, then read that ref again. Between steps the cache adopts the
+            # step's files, as a worker does once the attempt is reported (timed apart).
             cache = ContentCache(args.out / "cache", max_bytes=settings.cache_bytes)
+            attempt = args.out / "publish"
+            shutil.copytree(args.dir, attempt)  # adopting moves the files: keep --dir intact
             result["publish"] = _publish(
                 settings,
                 store,
                 repo=args.repo,
                 branch=args.branch,
                 prefix=args.prefix,
-                root=args.dir,
+                root=attempt,
                 manifest=Manifest(),
                 cache=cache,
             )
+            result["publish"]["adopt_seconds"] = _adopt(cache, attempt)
             ref = result["publish"]["ref"]
             for step in ("chained", "reread"):
                 _, result[step] = _materialize(
@@ -198,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                     root=args.out / step,
                     cache=cache,
                 )
+                result[step]["tree"] = tree_stats(args.out / step)  # before it moves away
+                result[step]["adopt_seconds"] = _adopt(cache, args.out / step)
             result["cache_entries"] = len(cache)
             cache.close()
         elif args.op == "edit":

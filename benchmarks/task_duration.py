@@ -4,9 +4,10 @@ A Perago worker runs in this process (a thread, concurrency 1) with two tasks:
 
 * ``read``: a read-only task over ``data/`` whose body only counts the files (the input, N
   small files, was committed by lakectl beforehand, not timed);
-* ``write``: a writable task over ``out/`` whose body "produces" M files instantly (hard
-  links to a prepared tree, so the body's own time is negligible), then Perago diffs,
-  stages, fences and merges them.
+* ``write``: a writable task over ``out/`` whose body "produces" M files instantly (it
+  renames the folders of a tree prepared for the run into the workspace, so the body's own
+  time is negligible; hard links were used before, but a linked file is never adopted by
+  the cache), then Perago diffs, stages, fences and merges them.
 
 Seconds are Conductor's task ``endTime - startTime`` (poll to the COMPLETED update). The
 lakectl side is one process each: ``lakectl local clone`` of the same ``data/`` and
@@ -79,14 +80,10 @@ def _read_body(workspace: Path, params: Params) -> Count:
 
 
 def _write_body(workspace: Path, params: Params) -> Count:
-    n = 0
-    for dirpath, _, files in os.walk(params.source):
-        rel = Path(dirpath).relative_to(params.source)
-        (workspace / rel).mkdir(parents=True, exist_ok=True)
-        for f in files:
-            os.link(Path(dirpath) / f, workspace / rel / f)
-            n += 1
-    return Count(files=n)
+    """Move a tree prepared for this run into the workspace: output produced instantly."""
+    for name in os.listdir(params.source):
+        os.rename(Path(params.source) / name, workspace / name)
+    return Count(files=sum(len(files) for _, _, files in os.walk(workspace)))
 
 
 def _run(conductor: ConductorClient, workflow: str, wf_input: dict[str, Any]) -> float:
@@ -175,10 +172,15 @@ def measure(
             store.create_branch(repo, branch, "main")
             l_branch = f"lakectl-{rep}"
             store.create_branch(repo, l_branch, "main")
-            write_input = {
-                "workspace": {"repository": repo, "branch": branch},
-                "params": {"source": str(produced)},
-            }
+
+            def write_input(on: str) -> dict[str, Any]:
+                fresh = work_dir / f"produced-{uuid.uuid4().hex[:6]}"  # the body empties it
+                shutil.copytree(produced, fresh)
+                return {
+                    "workspace": {"repository": repo, "branch": on},
+                    "params": {"source": str(fresh)},
+                }
+
             # No cache: first reads and a plain write.
             cold = load(env, janitor_on_start=False, concurrency=1, work_dir=work_dir / "work",
                         cache_bytes=0)  # fmt: skip
@@ -189,7 +191,7 @@ def measure(
                 l_src = work_dir / f"lakectl-src-{rep}"
                 shutil.copytree(produced, l_src, copy_function=os.link)
                 lakectl.init(f"lakefs://{repo}/{l_branch}/out/", l_src)
-                perago_w = _run(conductor, f"{write_name}_wf", write_input)
+                perago_w = _run(conductor, f"{write_name}_wf", write_input(branch))
                 add(f"(h) write task, {writes.describe()}", perago_w,
                     float(lakectl.commit(l_src, "bench h").seconds))  # fmt: skip
                 trash.discard(l_src)
@@ -203,11 +205,7 @@ def measure(
                 add(f"(h) read task again on the same worker, {reads.describe()}",
                     _run(conductor, f"{read_name}_wf", on_main), clone())  # fmt: skip
                 chained = f"{branch}-c"
-                _run(
-                    conductor,
-                    f"{write_name}_wf",
-                    {**write_input, "workspace": {"repository": repo, "branch": chained}},
-                )
+                _run(conductor, f"{write_name}_wf", write_input(chained))
                 # the next step on this worker reads what the write just published
                 add(f"(h) read what the previous step on the worker published, "
                     f"{writes.describe()}",

@@ -160,8 +160,9 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(
         default_factory=lambda: Path(tempfile.gettempdir()) / "perago-cache",
         description="Folder of the worker-local content cache (one subfolder per worker "
-        "process; those of dead processes are removed at start). Attempts get reflinks or "
-        "copies of its files, never links.",
+        "process; those of dead processes are removed at start). On the same filesystem as "
+        "`PERAGO_WORK_DIR`, an attempt borrows its files (a rename; they come back after the "
+        "report only if provably unchanged); elsewhere it gets copies. Never links.",
     )
     cache_bytes: int = Field(
         default=1024**3,

@@ -382,6 +382,8 @@ class AttemptRunner:
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
         attempt_dir = AttemptDirectory(self._settings.work_dir, me.task_id)
         attempt.after_report.callback(attempt_dir.remove)
+        if self.cache is not None:  # runs first: unchanged files go to the cache, not away
+            attempt.after_report.callback(self.cache.adopt, attempt_dir.workspace)
         manifest = materialize(
             self._store,
             target.repository,

@@ -1,4 +1,4 @@
-"""A worker-local cache of object bytes, so reading a ref again costs local copies only.
+"""A worker-local cache of object bytes, so reading a ref again costs local renames only.
 
 An entry is keyed by what lakeFS says identifies an object's bytes: its checksum and its
 physical address (a merge or a branch shares the address; new bytes get a new address), and
@@ -7,17 +7,27 @@ shared by all its attempts; directories of dead processes are removed on start, 
 nothing vouches for their files. The cache is bounded in bytes and evicts the least recently
 used entries.
 
-Safety, since a task body owns its attempt directory and may rewrite or append to any file
-in place:
+Entries move, they are not copied: an attempt reading an object the cache holds gets the
+entry's file itself, which leaves the cache (:meth:`ContentCache.lend`); once the attempt is
+reported, the files it downloaded, borrowed or uploaded come back (:meth:`ContentCache.adopt`)
+if the kernel proves them unchanged. So a chained step costs a rename per file, and neither
+a read nor a write copies bytes into the cache while the task's clock runs.
 
-* an attempt never gets the cache's file itself: a reflink (a copy-on-write clone, where
-  the filesystem supports it) or a plain copy, never a hard link, so writes to the workspace
-  never reach an entry;
+Safety, since a task body owns its attempt directory and may rewrite or append to any file
+in place, keep files open, or link them elsewhere:
+
+* no file is ever in the cache and in a workspace at once (never a shared hard link); while
+  an attempt holds an entry, other attempts miss it and download;
+* a file is adopted only if it still has the inode, size and ctime recorded when its bytes
+  were known to be the object's (written by the download, borrowed, or read by the upload),
+  that ctime is strictly older than a probe the filesystem stamped afterwards (racy-git's
+  rule: ctime cannot be set back, and any later write stamps a newer one), it has a single
+  link, and a read lease proves that no process still holds it open for writing;
 * entries are read-only and their ``(size, mtime, ctime, inode)`` is recorded when they are
   added; an entry whose stat differs when read (truncated, rewritten, replaced) is dropped
-  and the object downloaded instead, and the copy is checked by size again;
-* the worker's own uploads seed the cache only if the file's stat did not change between
-  before the upload and after the copy into the cache.
+  and the object downloaded instead;
+* where a rename cannot work (the cache on another filesystem) or leases are not available,
+  an attempt gets a copy (a reflink where the filesystem supports it) and adoption copies.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import signal
 import stat
 import tempfile
 import threading
@@ -76,6 +87,17 @@ def clone_file(src_fd: int, dst_fd: int, size: int) -> str:
         while chunk := os.read(src_fd, _CHUNK):
             os.write(dst_fd, chunk)
     return "copy"
+
+
+@dataclass(frozen=True)
+class _Voucher:
+    """What proves a workspace file still holds an object's bytes (see the module doc)."""
+
+    key: str
+    size: int
+    ino: int
+    ctime_ns: int
+    settled_ns: int  # a ctime the filesystem stamped after ctime_ns was recorded
 
 
 @dataclass(frozen=True)
@@ -133,6 +155,33 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
+def _no_writer(fd: int) -> bool:
+    """True if no process holds the file of ``fd`` (opened read-only) open for writing.
+
+    The kernel grants a read lease only then (an ``mmap``'d shared mapping counts). The lease
+    is dropped at once; a writer opening in between would break it with SIGURG (ignored by
+    default) instead of the default SIGIO, which would end the process.
+    """
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError:  # EAGAIN: a writer; EINVAL, ENOLCK: no leases on this filesystem
+        return False
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    return True
+
+
+def _leases_work(directory: Path) -> bool:
+    fd, probe = tempfile.mkstemp(dir=directory, prefix=".lease-")
+    try:
+        os.close(fd)
+        fd = os.open(probe, os.O_RDONLY | os.O_CLOEXEC)
+        return _no_writer(fd)
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -155,6 +204,8 @@ class ContentCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
+        self._vouchers: dict[Path, dict[str, _Voucher]] = {}
+        self._leases = _leases_work(self.root)
 
     @staticmethod
     def _sweep_dead(directory: Path) -> None:
@@ -178,6 +229,7 @@ class ContentCache:
     def close(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._vouchers.clear()
             self._bytes = 0
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -226,7 +278,133 @@ class ContentCache:
         metrics.CACHE_BYTES_SAVED.inc(entry.size)
         return copied
 
+    def can_lend(self, root: Path) -> bool:
+        """True if entries can move into (and back from) files under ``root`` by rename."""
+        return self._leases and os.stat(root).st_dev == os.stat(self.root).st_dev
+
+    def lend(self, key: str, dest: Path) -> os.stat_result | None:
+        """Move the entry's file to ``dest`` (writable, as a download is); its stat, or None.
+
+        The entry leaves the cache: the attempt owns the file, and :meth:`adopt` takes it
+        back if it is unchanged. A damaged entry is dropped and counted as a miss. Across
+        filesystems, the entry stays and ``dest`` gets a copy (:meth:`copy_to`).
+        """
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is not None:
+                self._bytes -= entry.size
+        if entry is None:
+            _MISS.inc()
+            return None
+        try:
+            intact = _stamp(os.stat(entry.path)) == entry.stamp
+        except FileNotFoundError:
+            intact = False
+        if not intact:
+            self._drop(key, entry, "changed or missing")
+            _MISS.inc()
+            return None
+        try:
+            os.rename(entry.path, dest)
+        except OSError as e:
+            self._keep(key, entry)
+            if e.errno == errno.EXDEV:
+                return self.copy_to(key, dest)
+            raise
+        os.chmod(dest, stat.S_IRUSR | stat.S_IWUSR)
+        _HIT.inc()
+        metrics.CACHE_BYTES_SAVED.inc(entry.size)
+        return os.stat(dest)
+
+    def _keep(self, key: str, entry: _Entry) -> None:
+        evicted = None
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = entry
+                self._bytes += entry.size
+            else:
+                evicted = entry
+        if evicted is not None:
+            with contextlib.suppress(FileNotFoundError):
+                evicted.path.unlink()
+
     # -- adding --------------------------------------------------------------------------------
+
+    def vouch(
+        self,
+        root: Path,
+        relative: str,
+        key: str | None,
+        size: int,
+        known: os.stat_result,
+        settled_ns: int,
+    ) -> None:
+        """Note that ``root/relative`` held the object ``key``'s ``size`` bytes when it had the
+        stat ``known``, and that the filesystem stamped ``settled_ns`` after that stat.
+
+        Nothing moves until :meth:`adopt`; a later voucher for the same file replaces this one.
+        """
+        if key is None:
+            return
+        v = _Voucher(key, size, known.st_ino, known.st_ctime_ns, settled_ns)
+        with self._lock:
+            self._vouchers.setdefault(root, {})[relative] = v
+
+    def adopt(self, root: Path) -> int:
+        """Take the files vouched for under ``root`` into the cache, those the kernel proves
+        unchanged (see the module doc); the rest stay for their owner to remove. Call once
+        the attempt that owns ``root`` has ended. Returns how many were taken.
+        """
+        with self._lock:
+            vouchers = self._vouchers.pop(root, {})
+        lend = bool(vouchers) and self.can_lend(root)
+        taken = 0
+        for relative, v in vouchers.items():
+            try:
+                taken += self._adopt(root / relative, v, move=lend)
+            except OSError as e:
+                log.warning("cache_adopt_failed", file=relative, error=str(e))
+        return taken
+
+    def _adopt(self, path: Path, v: _Voucher, *, move: bool) -> bool:
+        if v.size > self.max_bytes or not v.ctime_ns < v.settled_ns:
+            return False
+        with self._lock:
+            if v.key in self._entries:
+                self._entries.move_to_end(v.key)
+                return False
+        st = os.lstat(path)
+        proof = (stat.S_ISREG(st.st_mode), st.st_nlink, st.st_size, st.st_ino, st.st_ctime_ns)
+        if proof != (True, 1, v.size, v.ino, v.ctime_ns):
+            return False
+        if not move:
+            return self.add_file(v.key, path, v.size, before=st)
+        tmp = self.root / f".adopt-{uuid.uuid4().hex}"
+        os.rename(path, tmp)
+        try:
+            os.chmod(tmp, stat.S_IRUSR)
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                alone = _no_writer(fd)
+                now = os.fstat(fd)
+            finally:
+                os.close(fd)
+            # rename and chmod change the ctime, not the mtime: a write between the proof
+            # above and the rename shows in the mtime; a writer still holding it, in the lease
+            same = (now.st_size, now.st_ino, now.st_mtime_ns, now.st_nlink) == (
+                v.size,
+                v.ino,
+                st.st_mtime_ns,
+                1,
+            )
+            if not (alone and same):
+                os.chmod(tmp, stat.S_IMODE(st.st_mode))
+                os.rename(tmp, path)  # not ours: back where its owner left it
+                return False
+            return self._install(v.key, tmp, v.size)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def add_file(self, key: str, source: Path, size: int, *, before: os.stat_result) -> bool:
         """Copy ``source`` (of ``size`` bytes, stat ``before`` taken earlier) into the cache.
@@ -265,14 +443,6 @@ class ContentCache:
                 raise
         finally:
             os.close(src)
-
-    def add_downloaded(self, key: str, source: Path, size: int) -> bool:
-        """Keep a copy of a file just downloaded (and checked by size) into an attempt."""
-        try:
-            before = os.stat(source)
-        except OSError:
-            return False
-        return self.add_file(key, source, size, before=before)
 
     def _install(self, key: str, tmp: Path, size: int) -> bool:
         # Every entry file has its own name: a racing add of the same key, or a reader

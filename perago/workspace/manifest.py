@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -29,11 +30,13 @@ __all__ = [
     "ManifestEntry",
     "compute_diff",
     "file_md5",
+    "filesystem_now",
     "only_renames",
     "scan",
 ]
 
 _CHUNK = 1024 * 1024
+_SETTLE_WAIT_S = 0.1  # a coarse filesystem clock ticks every 1-10 ms
 
 
 def file_md5(path: Path) -> str:
@@ -42,6 +45,20 @@ def file_md5(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def filesystem_now(root: Path) -> int:
+    """The ctime the filesystem under ``root`` gives a file now (racy-git's probe).
+
+    A file whose ctime is strictly older is proven unchanged since, as long as its ctime
+    stays the same: any later write stamps a ctime at least this one.
+    """
+    fd, probe = tempfile.mkstemp(dir=root, prefix=".perago-settled-")
+    try:
+        return os.fstat(fd).st_ctime_ns
+    finally:
+        os.close(fd)
+        os.unlink(probe)
 
 
 @dataclass(frozen=True)
@@ -63,13 +80,19 @@ class Manifest:
         self.entries[entry.path] = entry
 
     def settle(self, root: Path) -> None:
-        """Stamp the end of materialize with a probe file on the workspace's filesystem."""
-        fd, probe = tempfile.mkstemp(dir=root, prefix=".perago-settled-")
-        try:
-            self.settled_ns = os.fstat(fd).st_ctime_ns
-        finally:
-            os.close(fd)
-            os.unlink(probe)
+        """Stamp the end of materialize with a probe file on the workspace's filesystem.
+
+        Called before the body runs, so nothing wrote since the entries were recorded: the
+        probe may wait for the filesystem's clock to tick past the newest entry (one tick at
+        most, a few ms), so that no file is left unprovable (hashed by the diff, refused by
+        the cache) for having been written in the probe's own tick.
+        """
+        newest = max((e.ctime_ns for e in self.entries.values()), default=0)
+        deadline = time.monotonic() + _SETTLE_WAIT_S
+        self.settled_ns = filesystem_now(root)
+        while self.settled_ns <= newest and time.monotonic() < deadline:
+            time.sleep(0.001)
+            self.settled_ns = filesystem_now(root)
 
     def untouched(self, entry: ManifestEntry, now: LocalFile) -> bool:
         """True only if the kernel's ctime proves the file unchanged since materialize."""

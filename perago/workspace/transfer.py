@@ -15,7 +15,7 @@ from typing import TypeVar
 from perago.errors import UnsafePathError, WorkspaceError
 from perago.store import ObjectInfo, VersionStore
 from perago.workspace.cache import ContentCache, clone_file, write_new
-from perago.workspace.manifest import Manifest, ManifestEntry, file_md5
+from perago.workspace.manifest import Manifest, ManifestEntry, file_md5, filesystem_now
 
 __all__ = ["local_path_for", "materialize", "run_parallel", "upload_all"]
 
@@ -114,10 +114,10 @@ def materialize(
 ) -> Manifest:
     """Download ``prefix`` at ``ref`` into ``root`` and return what was written.
 
-    With a ``cache``, objects it holds are copied from it instead (see
-    :mod:`perago.workspace.cache`), and what is downloaded is added to it. The manifest
-    takes lakeFS's checksum where it is the content MD5, so bytes are not hashed on the way
-    in; sizes are always checked.
+    With a ``cache``, objects it holds are moved out of it instead (or copied, see
+    :mod:`perago.workspace.cache`), and every file written is vouched for, so the cache can
+    adopt it once the attempt ends. The manifest takes lakeFS's checksum where it is the
+    content MD5, so bytes are not hashed on the way in; sizes are always checked.
     """
     manifest = Manifest()
     # Zero-byte "folder/" markers (made by S3 consoles and tools) are directories, not files.
@@ -131,7 +131,9 @@ def materialize(
     except UnsafePathError as e:
         raise UnsafePathError(e.message, non_retryable=True) from e  # a retry sees the same
 
-    made: set[Path] = set()
+    root.mkdir(parents=True, exist_ok=True)
+    made: set[Path] = {root}
+    written: list[tuple[ObjectInfo, os.stat_result]] = []
 
     def folder(dest: Path) -> None:
         if dest.parent not in made:
@@ -141,20 +143,7 @@ def materialize(
     def record(obj: ObjectInfo, checksum: str, st: os.stat_result) -> None:
         rel = obj.path[len(prefix) :]
         manifest.add(ManifestEntry(rel, obj.size, checksum, ctime_ns=st.st_ctime_ns, ino=st.st_ino))
-
-    # Cache hits first, on this thread: a local copy is cheaper than handing it to a pool.
-    misses: list[tuple[ObjectInfo, Path]] = []
-    for obj, dest in targets:
-        key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
-        if cache is None or key is None:
-            misses.append((obj, dest))
-            continue
-        folder(dest)
-        st = cache.copy_to(key, dest)
-        if st is None:
-            misses.append((obj, dest))
-        else:
-            record(obj, obj.checksum if _md5_hex(obj.checksum) else file_md5(dest), st)
+        written.append((obj, st))
 
     def fetch(item: tuple[ObjectInfo, Path]) -> None:
         obj, dest = item
@@ -165,14 +154,37 @@ def materialize(
             checksum, st = obj.checksum, os.stat(dest)
         else:
             checksum, st = _download(store, repository, ref, obj, dest, hash_it=not trusted)
-        key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
-        if cache is not None and key is not None:
-            cache.add_downloaded(key, dest, obj.size)
         record(obj, checksum, st)
 
-    if misses:
-        run_parallel(misses, fetch, parallelism=parallelism)
-    manifest.settle(root)
+    def settle_and_vouch() -> None:
+        manifest.settle(root)
+        if cache is not None:
+            for obj, st in written:
+                key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
+                cache.vouch(root, obj.path[len(prefix) :], key, obj.size, st, manifest.settled_ns)
+
+    try:
+        # Cache hits first, on this thread: a rename is cheaper than handing it to a pool.
+        misses: list[tuple[ObjectInfo, Path]] = []
+        take = None if cache is None else cache.lend if cache.can_lend(root) else cache.copy_to
+        for obj, dest in targets:
+            key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
+            if take is None or key is None:
+                misses.append((obj, dest))
+                continue
+            folder(dest)
+            st = take(key, dest)
+            if st is None:
+                misses.append((obj, dest))
+            else:
+                record(obj, obj.checksum if _md5_hex(obj.checksum) else file_md5(dest), st)
+        if misses:
+            run_parallel(misses, fetch, parallelism=parallelism)
+    except BaseException:
+        with contextlib.suppress(OSError):  # what was borrowed can still go back
+            settle_and_vouch()
+        raise
+    settle_and_vouch()
     return manifest
 
 
@@ -236,7 +248,12 @@ def upload_all(
     parallelism: int,
     cache: ContentCache | None = None,
 ) -> None:
-    """Upload ``paths`` (relative to ``root``) under ``prefix``; seed ``cache`` with them."""
+    """Upload ``paths`` (relative to ``root``) under ``prefix``; vouch for them to ``cache``.
+
+    Each file's stat is taken before it is read; the cache adopts it later only if that
+    stat still holds and is older than the filesystem's time at the start (racy-git's rule).
+    """
+    settled_ns = filesystem_now(root) if cache is not None else 0
 
     def put(rel: str) -> None:
         source = root / rel
@@ -247,7 +264,6 @@ def upload_all(
         stored = store.upload(repository, branch, prefix + rel, source)
         if cache is not None and before is not None:
             key = cache.key(stored.checksum, stored.physical_address, stored.size)
-            if key is not None:
-                cache.add_file(key, source, stored.size, before=before)
+            cache.vouch(root, rel, key, stored.size, before, settled_ns)
 
     run_parallel(list(paths), put, parallelism=parallelism)

@@ -9,6 +9,7 @@ from typing import IO
 
 from perago.adapters.lakefs import LakeFSStore
 from perago.workspace import ContentCache, materialize, upload_all
+from tests.clock import tick_past
 
 
 class _Counting:
@@ -39,8 +40,10 @@ def test_a_published_file_is_read_back_from_the_cache_after_a_merge(
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(data)
     store.create_branch(repo, "stage", "main", hidden=True)
+    tick_past(src)  # a file written in the upload's clock tick is never adopted
     upload_all(store, repo, "stage", "out/", src, list(files), parallelism=2, cache=cache)
-    assert len(cache) == 2
+    assert len(cache) == 0  # vouched for: the cache adopts them once the attempt ends
+    assert cache.adopt(src) == 2
     store.commit(repo, "stage", message="stage", metadata={})
     merged = store.merge(repo, "stage", "main", message="publish", metadata={})
 

@@ -25,6 +25,7 @@ from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.testing import StaticLedger
 from perago.workspace import ContentCache, Diff, materialize
+from tests.clock import tick_past
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +66,7 @@ def test_bytes_go_straight_to_object_storage_both_ways(s3: S3Stack, tmp_path: Pa
     for rel, data in files.items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         (out / rel).write_bytes(data)
+    tick_past(out)  # a file written in the upload's clock tick is never adopted
     me, ledger = _identity("t-upload")
     cache = ContentCache(tmp_path / "cache", max_bytes=1 << 24)
     publisher = Publisher(store, ledger, worker_id="w", cache=cache)
@@ -72,6 +74,7 @@ def test_bytes_go_straight_to_object_storage_both_ways(s3: S3Stack, tmp_path: Pa
     ref = publisher.publish(
         me, WorkspaceTarget("presign-both", "main", base), "data/", out, Diff(added=tuple(files))
     )
+    assert cache.adopt(out) == len(files)  # as the worker does once the attempt is reported
     lakefs_host = s3.lakefs_endpoint
     puts = [u for m, u in store.requests if m == "PUT" and u.startswith(s3.s3_endpoint)]
     assert len(puts) == len(files)  # each file's bytes: one PUT to S3
@@ -95,7 +98,7 @@ def test_bytes_go_straight_to_object_storage_both_ways(s3: S3Stack, tmp_path: Pa
     assert len([u for u in gets if u.startswith(s3.s3_endpoint)]) == len(files)
     assert not [u for u in gets if u.startswith(lakefs_host) and "/objects?" in u]
 
-    # With the cache the upload seeded: no transfer at all (same address both ways).
+    # With the cache that adopted the uploads: no transfer at all (same address both ways).
     store.requests.clear()
     again = tmp_path / "again"
     materialize(store, "presign-both", ref, "data/", again, parallelism=4, cache=cache)

@@ -12,6 +12,7 @@ import pytest
 from perago.testing import MemoryStore
 from perago.workspace import ContentCache, materialize, upload_all
 from perago.workspace.cache import clone_file
+from tests.clock import tick_past
 
 REPO = "r"
 
@@ -45,18 +46,32 @@ def cache(tmp_path: Path) -> Iterator[ContentCache]:
 
 
 def _publish(store: CountingStore, files: dict[str, bytes], tmp: Path, cache: ContentCache) -> str:
-    """Upload ``files`` through ``upload_all`` (seeding the cache) and commit them on main."""
-    src = tmp / "src"
-    for rel, data in files.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_bytes(data)
+    """Upload ``files`` through ``upload_all``, commit them on main, and let the cache adopt
+    them, as the worker does once the writing attempt is reported."""
+    src = _write(tmp / "src", files)
     upload_all(store, REPO, "main", "d/", src, list(files), parallelism=4, cache=cache)
+    cache.adopt(src)
     return store.commit(REPO, "main", message="m", metadata={}).id
 
 
+def _write(root: Path, files: dict[str, bytes]) -> Path:
+    """Write ``files`` under ``root`` and wait for the filesystem's clock to tick past them:
+    a file changed in the same tick as an upload starts is never adopted (racy-git's rule)."""
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    tick_past(root)
+    return root
+
+
 def _read(store: CountingStore, ref: str, root: Path, cache: ContentCache | None) -> None:
+    """Materialize ``ref`` into ``root``: the cache adopts nothing until ``cache.adopt``."""
     root.mkdir(parents=True)
     materialize(store, REPO, ref, "d/", root, parallelism=4, cache=cache)
+
+
+def _entries(cache: ContentCache) -> list[Path]:
+    return sorted(p for p in cache.root.iterdir() if not p.name.startswith("."))
 
 
 def test_what_a_worker_published_is_read_back_from_the_cache(
@@ -64,39 +79,87 @@ def test_what_a_worker_published_is_read_back_from_the_cache(
 ) -> None:
     ref = _publish(store, {"a.bin": b"a" * 1000, "sub/b.bin": b"b" * 10}, tmp_path, cache)
     assert len(cache) == 2
+    assert not (tmp_path / "src" / "a.bin").exists()  # moved into the cache, not copied
     _read(store, ref, tmp_path / "attempt", cache)
     assert store.downloads == 0
+    assert len(cache) == 0  # lent to the attempt, which owns the files now
     assert (tmp_path / "attempt" / "a.bin").read_bytes() == b"a" * 1000
     assert (tmp_path / "attempt" / "sub" / "b.bin").read_bytes() == b"b" * 10
+    assert os.stat(tmp_path / "attempt" / "a.bin").st_mode & 0o200  # writable, as downloaded
+    assert cache.adopt(tmp_path / "attempt") == 2  # unchanged: back in the cache
+    _read(store, ref, tmp_path / "again", cache)
+    assert store.downloads == 0
+    assert (tmp_path / "again" / "a.bin").read_bytes() == b"a" * 1000
 
 
 def test_a_body_rewriting_or_appending_in_place_never_changes_the_cache(
     store: CountingStore, cache: ContentCache, tmp_path: Path
 ) -> None:
-    ref = _publish(store, {"a.bin": b"a" * 1000}, tmp_path, cache)
-    # the uploaded file itself is changed after the upload (a body's background writer)
-    with (tmp_path / "src" / "a.bin").open("r+b") as f:
-        f.write(b"X" * 10)
+    ref = _publish(store, {"a.bin": b"a" * 1000, "b.bin": b"b" * 1000}, tmp_path, cache)
     first = tmp_path / "first"
     _read(store, ref, first, cache)
-    target = first / "a.bin"
-    assert os.stat(target).st_nlink == 1  # its own inode: never a shared hard link
-    with target.open("r+b") as f:  # in-place rewrite
+    assert os.stat(first / "a.bin").st_nlink == 1  # its own inode: never a shared hard link
+    with (first / "a.bin").open("r+b") as f:  # in-place rewrite, same size
         f.write(b"Y" * 1000)
-    with target.open("ab") as f:  # append
+    with (first / "b.bin").open("ab") as f:  # append
         f.write(b"Z" * 100)
+    assert cache.adopt(first) == 0  # neither goes back
     second = tmp_path / "second"
     _read(store, ref, second, cache)
     assert (second / "a.bin").read_bytes() == b"a" * 1000
-    assert store.downloads == 0
+    assert (second / "b.bin").read_bytes() == b"b" * 1000
+    assert store.downloads == 2
+
+
+def test_a_file_changed_after_its_upload_is_not_adopted(
+    store: CountingStore, cache: ContentCache, tmp_path: Path
+) -> None:
+    src = _write(tmp_path / "src", {"a.bin": b"a" * 1000})
+    upload_all(store, REPO, "main", "d/", src, ["a.bin"], parallelism=1, cache=cache)
+    with (src / "a.bin").open("r+b") as f:  # a body's background writer, after the upload
+        f.write(b"X" * 10)
+    assert cache.adopt(src) == 0
+    assert len(cache) == 0 and (src / "a.bin").exists()  # left for its owner to remove
+
+
+def test_a_file_still_open_for_writing_or_linked_elsewhere_is_not_adopted(
+    store: CountingStore, cache: ContentCache, tmp_path: Path
+) -> None:
+    ref = _publish(store, {"open.bin": b"o" * 1000, "linked.bin": b"l" * 1000}, tmp_path, cache)
+    attempt = tmp_path / "attempt"
+    _read(store, ref, attempt, cache)
+    os.link(attempt / "linked.bin", tmp_path / "elsewhere")  # a body's hard link
+    writer = open(attempt / "open.bin", "r+b")  # noqa: SIM115 - a body's leaked writer
+    try:
+        assert cache.adopt(attempt) == 0
+        assert sorted(p.name for p in attempt.iterdir()) == ["linked.bin", "open.bin"]
+        writer.write(b"late")  # what the cache would have served had it adopted the file
+    finally:
+        writer.close()
+    _read(store, ref, tmp_path / "again", cache)
+    assert (tmp_path / "again" / "open.bin").read_bytes() == b"o" * 1000
+    assert store.downloads == 2
+
+
+def test_a_file_changed_in_the_same_clock_tick_as_the_probe_is_not_adopted(
+    cache: ContentCache, tmp_path: Path
+) -> None:
+    root = _write(tmp_path / "w", {"f": b"x" * 10})
+    st = os.stat(root / "f")
+    key = ContentCache.key("c", "addr", 10)
+    cache.vouch(root, "f", key, 10, st, settled_ns=st.st_ctime_ns)  # not strictly older
+    assert cache.adopt(root) == 0
+    cache.vouch(root, "f", key, 10, st, settled_ns=st.st_ctime_ns + 1)
+    assert cache.adopt(root) == 1
 
 
 def test_a_truncated_or_rewritten_entry_is_dropped_and_downloaded_instead(
     store: CountingStore, cache: ContentCache, tmp_path: Path
 ) -> None:
     ref = _publish(store, {"a.bin": b"a" * 1000, "b.bin": b"b" * 1000}, tmp_path, cache)
-    a_entry, b_entry = sorted(cache.root.iterdir())
-    for entry, damage in ((a_entry, "truncate"), (b_entry, "rewrite")):
+    entries = _entries(cache)
+    assert len(entries) == 2
+    for entry, damage in zip(entries, ("truncate", "rewrite"), strict=True):
         os.chmod(entry, 0o600)
         if damage == "truncate":
             os.truncate(entry, 10)
@@ -106,7 +169,9 @@ def test_a_truncated_or_rewritten_entry_is_dropped_and_downloaded_instead(
     assert store.downloads == 2
     assert (tmp_path / "attempt" / "a.bin").read_bytes() == b"a" * 1000
     assert (tmp_path / "attempt" / "b.bin").read_bytes() == b"b" * 1000
-    # the downloads were added back, intact
+    assert _entries(cache) == []  # the damaged files are gone
+    # the downloads are adopted, intact
+    assert cache.adopt(tmp_path / "attempt") == 2
     _read(store, ref, tmp_path / "again", cache)
     assert store.downloads == 2
     assert (tmp_path / "again" / "a.bin").read_bytes() == b"a" * 1000
@@ -115,12 +180,8 @@ def test_a_truncated_or_rewritten_entry_is_dropped_and_downloaded_instead(
 def test_concurrent_attempts_read_the_same_objects(store: CountingStore, tmp_path: Path) -> None:
     cache = ContentCache(tmp_path / "cache", max_bytes=1 << 22)
     files = {f"p{i % 3}/f{i}.bin": os.urandom(2000 + i) for i in range(40)}
-    src = tmp_path / "src"
-    for rel, data in files.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_bytes(data)
-    store_files = list(files)
-    upload_all(store, REPO, "main", "d/", src, store_files, parallelism=4)  # cache stays cold
+    src = _write(tmp_path / "src", files)
+    upload_all(store, REPO, "main", "d/", src, list(files), parallelism=4)  # cache stays cold
     ref = store.commit(REPO, "main", message="m", metadata={}).id
     errors: list[BaseException] = []
 
@@ -130,6 +191,7 @@ def test_concurrent_attempts_read_the_same_objects(store: CountingStore, tmp_pat
             _read(store, ref, root, cache)
             for rel, data in files.items():
                 assert (root / rel).read_bytes() == data
+            cache.adopt(root)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -140,12 +202,12 @@ def test_concurrent_attempts_read_the_same_objects(store: CountingStore, tmp_pat
         for t in threads:
             t.join()
         assert errors == []
+        # every object once, however the attempts raced to borrow and give back
+        assert len(cache) == len(files) == len(_entries(cache))
+        assert cache.total_bytes == sum(len(d) for d in files.values())
 
-    together(range(3))  # cold: they race to download and add the same objects
-    assert len(cache) == len(files)
-    cold = store.downloads
-    together(range(3, 9))  # warm: all copy the same entries at once
-    assert store.downloads == cold
+    together(range(3))  # cold: they race to download, then to give back the same objects
+    together(range(3, 9))  # warm: one borrows each entry, the others download it
     cache.close()
 
 
@@ -178,19 +240,6 @@ def test_eviction_keeps_the_cache_under_its_byte_limit_least_recently_used_first
     cache.close()
 
 
-def test_a_file_changed_during_upload_is_not_added(tmp_path: Path) -> None:
-    cache = ContentCache(tmp_path / "cache", max_bytes=1 << 20)
-    src = tmp_path / "f"
-    src.write_bytes(b"a" * 100)
-    before = os.stat(src)
-    with src.open("ab") as f:
-        f.write(b"more")
-    key = ContentCache.key("c", "addr", 100)
-    assert key is not None and not cache.add_file(key, src, 100, before=before)
-    assert len(cache) == 0
-    cache.close()
-
-
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm (tmpfs)")
 def test_a_cache_on_another_filesystem_than_the_attempt_directory(
     store: CountingStore, tmp_path: Path
@@ -199,15 +248,19 @@ def test_a_cache_on_another_filesystem_than_the_attempt_directory(
     cache = ContentCache(shm, max_bytes=1 << 20)
     try:
         assert os.stat(shm).st_dev != os.stat(tmp_path).st_dev
+        assert not cache.can_lend(tmp_path)
         ref = _publish(store, {"a.bin": b"a" * 5000}, tmp_path, cache)
+        assert len(cache) == 1 and (tmp_path / "src" / "a.bin").exists()  # adopted by copy
         _read(store, ref, tmp_path / "attempt", cache)
-        assert store.downloads == 0
+        assert store.downloads == 0 and len(cache) == 1  # a copy: the entry stays
         out = tmp_path / "attempt" / "a.bin"
         assert out.read_bytes() == b"a" * 5000
         with out.open("ab") as f:
             f.write(b"!")
+        assert cache.adopt(tmp_path / "attempt") == 0
         _read(store, ref, tmp_path / "again", cache)
         assert (tmp_path / "again" / "a.bin").read_bytes() == b"a" * 5000
+        assert store.downloads == 0
     finally:
         cache.close()
         shm.rmdir()

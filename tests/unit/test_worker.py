@@ -11,6 +11,7 @@ real processes.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -69,8 +70,10 @@ def writer(workspace: Path, params: Params) -> Result:
     mode = params.mode
     if mode == "write-first":
         mode = "write" if me.retry_count == 0 else "noop"
-    if mode == "write":
+    if mode in ("write", "write-settled"):
         (workspace / "out.txt").write_text(f"{params.text} from retry {me.retry_count}")
+        if mode == "write-settled":
+            time.sleep(0.02)
     elif mode == "raise":
         raise RuntimeError("the body failed")
     elif mode == "terminal":
@@ -376,6 +379,38 @@ def test_attempt_directory_is_removed_after_the_report(
         assert settle(stub, step(stub, task_type=task_type)).status == "COMPLETED"
     (seen,) = stub.at_report
     assert "in.txt" in [Path(p).name for p in seen]
+    assert not [p for p in (tmp_path / "work").iterdir() if p.name != "attempts"]
+
+
+class _CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.downloads: list[str] = []
+
+    def download(self, repository: str, ref: str, path: str, dest: Any, *, url: str = "") -> Any:
+        self.downloads.append(path)
+        return super().download(repository, ref, path, dest, url=url)
+
+
+def test_the_cache_adopts_an_attempts_files_after_its_report(tmp_path: Path) -> None:
+    # The writer's upload and the reader's download go to the cache once each attempt is
+    # reported; the next attempt on the worker borrows them. What a body changed does not.
+    store = _CountingStore()
+    store.create_repository("repo")
+    store.upload_bytes("repo", "main", "data/in.txt", b"input")
+    store.commit("repo", "main", message="seed", metadata={})
+    stub = StubOrchestrator(gate_timeout=20)
+    with running(stub, store, tmp_path, concurrency=1, cache_dir=tmp_path / "cache"):
+        for _ in range(2):
+            assert settle(stub, step(stub, task_type="reader")).status == "COMPLETED"
+        assert store.downloads == ["data/in.txt"]  # the second read borrowed it
+        # (written 20 ms before the body returns: a file changed in the clock tick its upload
+        # starts in is never adopted)
+        assert settle(stub, step(stub, mode="write-settled", text="new")).status == "COMPLETED"
+        assert settle(stub, step(stub, task_type="reader")).status == "COMPLETED"
+        assert store.downloads == ["data/in.txt"]  # out.txt came from the writer's upload
+    entries = sorted(p.read_bytes() for p in tmp_path.glob("cache/proc-*/*"))  # all reported
+    assert entries == [b"input", b"new from retry 0"]  # scratch.txt, a body's write, is not
     assert not [p for p in (tmp_path / "work").iterdir() if p.name != "attempts"]
 
 
