@@ -5,12 +5,12 @@ The protocol logic talks to this interface only; ``perago.adapters.lakefs`` impl
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-__all__ = ["Commit", "ObjectInfo", "VersionStore"]
+__all__ = ["Commit", "DownloadJob", "ObjectInfo", "Sink", "VersionStore", "download_one"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,35 @@ class ObjectInfo:
     physical_address: str = ""
     #: A pre-signed URL the bytes can be read from without lakeFS ("": read through lakeFS).
     download_url: str = ""
+
+
+class Sink(Protocol):
+    """Where a download's bytes go; rewound and truncated before a retry."""
+
+    def write(self, b: bytes, /) -> int: ...
+    def seek(self, pos: int, /) -> int: ...
+    def truncate(self) -> int: ...
+
+
+class DownloadJob(Protocol):
+    """One object of a batch download: its sink is opened when its transfer starts (a batch
+    of thousands never holds thousands of open files) and closed once, when it ends."""
+
+    obj: ObjectInfo
+
+    def open(self) -> Sink: ...
+    def close(self, ok: bool) -> None: ...
+
+
+def download_one(store: VersionStore, repository: str, ref: str, job: DownloadJob) -> None:
+    """Run one job through :meth:`VersionStore.download`."""
+    sink = job.open()
+    ok = False
+    try:
+        store.download(repository, ref, job.obj.path, sink, url=job.obj.download_url)  # type: ignore[arg-type]
+        ok = True
+    finally:
+        job.close(ok)
 
 
 class VersionStore(Protocol):
@@ -70,6 +99,12 @@ class VersionStore(Protocol):
     def download(
         self, repository: str, ref: str, path: str, dest: IO[bytes], *, url: str = ""
     ) -> None: ...
+    def download_many(
+        self, repository: str, ref: str, jobs: Iterable[DownloadJob], *, parallelism: int
+    ) -> None:
+        """Every job's object, ``parallelism`` at a time; the first lasting failure raises."""
+        ...
+
     def upload(
         self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
     ) -> ObjectInfo: ...

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from perago.context import AttemptInfo, attempt_context
 from perago.errors import ConflictError, NotFoundError, OrchestratorError, StoreError
 from perago.orchestrator import IN_PROGRESS, Outcome, TaskSnapshot
-from perago.store import Commit, ObjectInfo
+from perago.store import Commit, DownloadJob, ObjectInfo, download_one
 from perago.task import RemoteWorkspace, TaskDefinition
 
 __all__ = [
@@ -279,6 +279,12 @@ class MemoryStore:
         dest.seek(0)
         dest.truncate()
         dest.write(tree[path])
+
+    def download_many(
+        self, repository: str, ref: str, jobs: Iterable[DownloadJob], *, parallelism: int
+    ) -> None:
+        for job in jobs:  # one at a time, through download (which test doubles count)
+            download_one(self, repository, ref, job)
 
     def upload(
         self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False

@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
@@ -26,9 +26,10 @@ from lakefs_sdk.exceptions import ApiException
 from pydantic import SecretStr
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
+from perago.adapters.curl import Transfer, get_all
 from perago.adapters.http import Response, Transport, TransportError
 from perago.errors import ConfigError, ConflictError, NotFoundError, StoreError, WorkspaceError
-from perago.store import Commit, ObjectInfo
+from perago.store import Commit, DownloadJob, ObjectInfo, Sink
 
 __all__ = ["LakeFSConnection", "LakeFSStore"]
 
@@ -89,6 +90,56 @@ def _error_for(status: int | None, reason: str, body: str, what: str) -> StoreEr
     return StoreError(message, status=status)
 
 
+class _ObjectGet(Transfer):
+    """One object of :meth:`LakeFSStore.download_many` into its job's sink."""
+
+    def __init__(self, store: LakeFSStore, repository: str, ref: str, job: DownloadJob) -> None:
+        self._job = job
+        self._sink: Sink | None = None
+        obj = job.obj
+        self._what = f"download {repository}@{ref}/{obj.path}"
+        self._through_lakefs = (
+            store._url(repository, f"refs/{quote(ref, safe='')}/objects", obj.path),
+            tuple(f"{k}: {v}" for k, v in store._auth.items()),
+        )
+        self._presigned = obj.download_url.startswith(("http://", "https://"))
+        if self._presigned:
+            self.url, self.headers = obj.download_url, ()
+        else:
+            self.url, self.headers = self._through_lakefs
+
+    def begin(self) -> Callable[[bytes], object]:
+        if self._sink is None:
+            self._sink = self._job.open()
+        else:
+            self._sink.seek(0)
+            self._sink.truncate()
+        sink: Sink = self._sink
+        return sink.write
+
+    def ended(self, status: int, body: bytes) -> bool:
+        if status == 200:
+            return True
+        if self._presigned and status in (400, 401, 403):
+            log.info("presigned_url_refused", status=status, path=self._job.obj.path)
+            self._presigned = False
+            self.url, self.headers = self._through_lakefs
+            return False
+        server = "object storage" if self._presigned else "lakeFS"
+        raise _error_for(status, "", body.decode(errors="replace"), f"{server} {self._what}")
+
+    def failed(self, why: str) -> Exception:
+        where = urlsplit(self.url).netloc
+        return StoreError(
+            f"{self._what} failed: no answer from {where} ({why}); is lakeFS (or object "
+            "storage, for a pre-signed URL) running and reachable?"
+        )
+
+    def close(self, ok: bool) -> None:
+        if self._sink is not None:
+            self._job.close(ok)
+
+
 def _commit(c: Any) -> Commit:
     return Commit(
         id=c.id,
@@ -122,6 +173,9 @@ class LakeFSConnection(Protocol):
 
 class LakeFSStore:
     """A :class:`perago.store.VersionStore` backed by a lakeFS server."""
+
+    #: How one object of :meth:`download_many` is fetched (a test records its URLs).
+    _object_get: type[_ObjectGet] = _ObjectGet
 
     def __init__(self, settings: LakeFSConnection) -> None:
         settings.require_lakefs_credentials()
@@ -589,6 +643,18 @@ class LakeFSStore:
             shutil.copyfileobj(resp, dest, _CHUNK)
         finally:
             resp.release_conn()
+
+    def download_many(
+        self, repository: str, ref: str, jobs: Iterable[DownloadJob], *, parallelism: int
+    ) -> None:
+        """The jobs' objects over libcurl's multi interface (:mod:`perago.adapters.curl`):
+        pre-signed URLs where listed (falling back to lakeFS when refused), else lakeFS."""
+        get_all(
+            (self._object_get(self, repository, ref, job) for job in jobs),
+            concurrency=parallelism,
+            connect_timeout=10,
+            read_timeout=self._timeout,
+        )
 
     def _request(
         self,

@@ -9,11 +9,12 @@ import re
 import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
 from perago.errors import UnsafePathError, WorkspaceError
-from perago.store import ObjectInfo, VersionStore
+from perago.store import ObjectInfo, VersionStore, download_one
 from perago.workspace.cache import ContentCache, clone_file, write_new
 from perago.workspace.manifest import Manifest, ManifestEntry, file_md5, filesystem_now
 
@@ -145,16 +146,14 @@ def materialize(
         manifest.add(ManifestEntry(rel, obj.size, checksum, ctime_ns=st.st_ctime_ns, ino=st.st_ino))
         written.append((obj, st))
 
-    def fetch(item: tuple[ObjectInfo, Path]) -> None:
+    def copy_local(item: tuple[ObjectInfo, Path]) -> None:
         obj, dest = item
         folder(dest)
-        trusted = _md5_hex(obj.checksum)
-        copied = trusted and obj.download_url.startswith("file://") and _copy_local(obj, dest)
-        if copied:
-            checksum, st = obj.checksum, os.stat(dest)
-        else:
-            checksum, st = _download(store, repository, ref, obj, dest, hash_it=not trusted)
-        record(obj, checksum, st)
+        if _copy_local(obj, dest):
+            record(obj, obj.checksum, os.stat(dest))
+        else:  # gone or unreadable there: through lakeFS
+            job = _FileJob(replace(obj, download_url=""), dest, record, folder)
+            download_one(store, repository, ref, job)
 
     def settle_and_vouch() -> None:
         manifest.settle(root)
@@ -178,8 +177,17 @@ def materialize(
                 misses.append((obj, dest))
             else:
                 record(obj, obj.checksum if _md5_hex(obj.checksum) else file_md5(dest), st)
-        if misses:
-            run_parallel(misses, fetch, parallelism=parallelism)
+        # lakeFS's own files on this machine (PERAGO_LAKEFS_LOCAL_BLOCKSTORE): kernel copies
+        local: list[tuple[ObjectInfo, Path]] = []
+        remote: list[tuple[ObjectInfo, Path]] = []
+        for o, d in misses:
+            is_local = _md5_hex(o.checksum) and o.download_url.startswith("file://")
+            (local if is_local else remote).append((o, d))
+        if local:
+            run_parallel(local, copy_local, parallelism=parallelism)
+        if remote:
+            jobs = (_FileJob(o, d, record, folder) for o, d in remote)
+            store.download_many(repository, ref, jobs, parallelism=parallelism)
     except BaseException:
         with contextlib.suppress(OSError):  # what was borrowed can still go back
             settle_and_vouch()
@@ -205,36 +213,51 @@ def _copy_local(obj: ObjectInfo, dest: Path) -> bool:
         os.close(src)
 
 
-def _download(
-    store: VersionStore, repository: str, ref: str, obj: ObjectInfo, dest: Path, *, hash_it: bool
-) -> tuple[str, os.stat_result]:
-    """Download one object into ``dest``; its checksum and stat.
+class _FileJob:
+    """A download into a new file ``dest``, recorded once its size is checked.
 
     The attempt directory starts empty, so ``dest`` is created in place (no temporary file
     and rename per object); a file already there is replaced through a temporary file.
     """
-    try:
-        fd, tmp = os.open(dest, _NEW, 0o600), None
-    except FileExistsError:
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".perago-dl-")
-    try:
+
+    def __init__(
+        self,
+        obj: ObjectInfo,
+        dest: Path,
+        record: Callable[[ObjectInfo, str, os.stat_result], None],
+        folder: Callable[[Path], None],
+    ) -> None:
+        self.obj, self._dest, self._record, self._folder = obj, dest, record, folder
+        self._fd, self._tmp = -1, ""
+        self._writer = _HashingWriter(-1)
+
+    def open(self) -> _HashingWriter:
+        self._folder(self._dest)
         try:
-            writer = _HashingWriter(fd, hash_it=hash_it)
-            store.download(repository, ref, obj.path, writer, url=obj.download_url)  # type: ignore[arg-type]
-            st = os.fstat(fd)
+            self._fd, self._tmp = os.open(self._dest, _NEW, 0o600), ""
+        except FileExistsError:
+            self._fd, self._tmp = tempfile.mkstemp(dir=self._dest.parent, prefix=".perago-dl-")
+        self._writer = _HashingWriter(self._fd, hash_it=not _md5_hex(self.obj.checksum))
+        return self._writer
+
+    def close(self, ok: bool) -> None:
+        obj, written = self.obj, Path(self._tmp or self._dest)
+        try:
+            st = os.fstat(self._fd) if ok else None
         finally:
-            os.close(fd)
-        if tmp is not None:
-            os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp or dest).unlink(missing_ok=True)
-        raise
-    if writer.size != obj.size:
-        raise WorkspaceError(
-            f"download of {obj.path} at {ref} returned {writer.size} bytes, lakeFS lists "
-            f"{obj.size}; retry the task"
-        )
-    return (writer.md5.hexdigest() if hash_it else obj.checksum), st
+            os.close(self._fd)
+        if st is None or self._writer.size != obj.size:
+            written.unlink(missing_ok=True)
+            if st is None:
+                return
+            raise WorkspaceError(
+                f"download of {obj.path} returned {self._writer.size} bytes, lakeFS lists "
+                f"{obj.size}; retry the task"
+            )
+        if self._tmp:
+            os.replace(self._tmp, self._dest)
+        trusted = _md5_hex(obj.checksum)
+        self._record(obj, obj.checksum if trusted else self._writer.md5.hexdigest(), st)
 
 
 def upload_all(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
 from perago.adapters.lakefs import LakeFSStore
+from perago.store import DownloadJob
 from perago.workspace import ContentCache, materialize, upload_all
 from tests.clock import tick_past
 
@@ -27,6 +29,16 @@ class _Counting:
     ) -> None:
         self.downloads += 1
         self._store.download(repository, ref, path, dest, url=url)
+
+    def download_many(
+        self, repository: str, ref: str, jobs: Iterable[DownloadJob], *, parallelism: int
+    ) -> None:
+        def counted() -> Iterator[DownloadJob]:
+            for job in jobs:
+                self.downloads += 1
+                yield job
+
+        self._store.download_many(repository, ref, counted(), parallelism=parallelism)
 
 
 def test_a_published_file_is_read_back_from_the_cache_after_a_merge(

@@ -11,18 +11,19 @@ import hashlib
 import http.server
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 
-from perago.adapters.lakefs import LakeFSStore
+from perago.adapters.lakefs import LakeFSStore, _ObjectGet
 from perago.config import Settings, load
 from perago.dev.s3_stack import S3Stack, s3_stack
 from perago.errors import ConfigError, StoreError
 from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.store import ObjectInfo
 from perago.testing import StaticLedger
 from perago.workspace import ContentCache, Diff, materialize
 from tests.clock import tick_past
@@ -49,6 +50,14 @@ class Recording(LakeFSStore):
             return request(method, url, *args, **kwargs)
 
         self._http.request = recorded  # type: ignore[method-assign]
+        requests = self.requests
+
+        class RecordedGet(_ObjectGet):  # download_many's transfers, over libcurl
+            def begin(self) -> Callable[[bytes], object]:
+                requests.append(("GET", self.url))
+                return super().begin()
+
+        self._object_get = RecordedGet
 
 
 def _identity(task: str) -> tuple[AttemptIdentity, StaticLedger]:
@@ -118,6 +127,23 @@ class _Refusing(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _Job:
+    """A download job into a plain file (perago.store.DownloadJob)."""
+
+    def __init__(self, obj: ObjectInfo, dest: Path) -> None:
+        self.obj, self.dest, self.ok = obj, dest, False
+        self.file: BinaryIO | None = None
+
+    def open(self) -> BinaryIO:
+        self.file = self.dest.open("w+b")
+        return self.file
+
+    def close(self, ok: bool) -> None:
+        assert self.file is not None
+        self.file.close()
+        self.ok = ok
+
+
 def test_an_expired_presigned_url_falls_back_to_lakefs(s3: S3Stack, tmp_path: Path) -> None:
     """A fake stands in for S3 here: moto checks neither signatures nor expiry, so it cannot
     refuse an expired URL (403 AccessDenied) as S3 does."""
@@ -134,6 +160,10 @@ def test_an_expired_presigned_url_falls_back_to_lakefs(s3: S3Stack, tmp_path: Pa
         with dest.open("wb") as f:
             store.download("presign-expired", "main", "x.bin", f, url=expired)
         assert dest.read_bytes() == b"through lakeFS after all"
+        # the same in a batch (libcurl): the refused URL's body never reaches the file
+        job = _Job(ObjectInfo("x.bin", 24, "", download_url=expired), tmp_path / "batch.bin")
+        store.download_many("presign-expired", "main", [job], parallelism=2)
+        assert job.ok and (tmp_path / "batch.bin").read_bytes() == b"through lakeFS after all"
     finally:
         server.shutdown()
 

@@ -80,7 +80,12 @@ def _strings(tree: ast.Module) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("sdk", "adapter"), [("conductor", CONDUCTOR_ADAPTER), ("lakefs_sdk", LAKEFS_ADAPTER)]
+    ("sdk", "adapter"),
+    [
+        ("conductor", CONDUCTOR_ADAPTER),
+        ("lakefs_sdk", LAKEFS_ADAPTER),
+        ("pycurl", "adapters/curl.py"),
+    ],
 )
 def test_only_the_adapter_imports_its_sdk(sdk: str, adapter: str) -> None:
     offenders = [

@@ -1,0 +1,151 @@
+"""The libcurl batch engine against a real HTTP server on 127.0.0.1 (the standard library's):
+what lakeFS cannot be made to do on demand (answer 503 twice, hang, vanish)."""
+
+from __future__ import annotations
+
+import ctypes
+import http.server
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import ClassVar
+
+import pytest
+
+from perago.adapters.curl import Transfer, TransientError, get_all
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    #: path -> statuses to answer before the 200 (consumed as requests arrive)
+    script: ClassVar[dict[str, list[int]]] = {}
+    delay: ClassVar[float] = 0.0
+    hits: ClassVar[list[str]] = []
+    lock = threading.Lock()
+
+    def do_GET(self) -> None:
+        with self.lock:
+            self.hits.append(self.path)
+            queue = self.script.get(self.path, [])
+            status = queue.pop(0) if queue else 200
+        time.sleep(self.delay)
+        body = (f"error {status}" if status != 200 else f"bytes of {self.path}" * 50).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    _Handler.script, _Handler.delay, _Handler.hits = {}, 0.0, []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+class _Get(Transfer):
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.data = bytearray()
+        self.begins = 0
+        self.closed: bool | None = None
+
+    def begin(self) -> Callable[[bytes], object]:
+        self.begins += 1
+        self.data = bytearray()
+        return self.data.extend
+
+    def ended(self, status: int, body: bytes) -> bool:
+        if status != 200:
+            raise LookupError(f"{status}: {body.decode()}")
+        return True
+
+    def failed(self, why: str) -> Exception:
+        return ConnectionError(why)
+
+    def close(self, ok: bool) -> None:
+        assert self.closed is None, "closed twice"
+        self.closed = ok
+
+
+def test_every_transfer_gets_its_own_bytes(server: str) -> None:
+    gets = [_Get(f"{server}/o{i}") for i in range(60)]
+    get_all(gets, concurrency=4)
+    assert all(bytes(g.data) == f"bytes of /o{i}".encode() * 50 for i, g in enumerate(gets))
+    assert all(g.closed is True for g in gets)
+
+
+def test_a_transient_answer_is_tried_again_from_byte_zero(server: str) -> None:
+    _Handler.script = {"/flaky": [503, 502]}
+    gets = [_Get(f"{server}/flaky"), _Get(f"{server}/fine")]
+    get_all(gets, concurrency=2)
+    assert bytes(gets[0].data) == b"bytes of /flaky" * 50  # no error body left in front
+    assert gets[0].begins == 3 and _Handler.hits.count("/flaky") == 3
+
+
+def test_a_lasting_failure_ends_the_batch_and_closes_every_open_transfer(server: str) -> None:
+    _Handler.script = {"/missing": [404]}
+    _Handler.delay = 0.05
+    gets = [_Get(f"{server}/o{i}") for i in range(3)] + [_Get(f"{server}/missing")]
+    gets += [_Get(f"{server}/later{i}") for i in range(20)]
+    with pytest.raises(LookupError, match="404: error 404"):
+        get_all(gets, concurrency=4)
+    assert gets[3].closed is False
+    started = [g for g in gets if g.begins]
+    assert all(g.closed is not None for g in started)  # none left open
+    assert len(started) < len(gets)  # the rest never started
+
+
+def test_no_server_is_transient_until_the_retry_time_runs_out() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    get = _Get(f"http://127.0.0.1:{port}/x")
+    with pytest.raises(ConnectionError, match="onnect"):
+        get_all([get], concurrency=1, retry_for=0.5)
+    assert get.begins >= 2 and get.closed is False
+
+
+def test_a_transfer_raising_transient_error_is_retried(server: str) -> None:
+    class Once(_Get):
+        def ended(self, status: int, body: bytes) -> bool:
+            if self.begins == 1:
+                raise TransientError("checksum mismatch, try again")
+            return super().ended(status, body)
+
+    get = Once(f"{server}/o")
+    get_all([get], concurrency=1)
+    assert get.begins == 2 and get.closed is True
+
+
+def test_the_drains_exception_stops_the_batch_at_once(server: str) -> None:
+    # The worker's drain interrupts a thread with an asynchronous exception; the loop wakes
+    # every quarter second, so it is delivered long before the slow server answers.
+    _Handler.delay = 5.0
+    gets = [_Get(f"{server}/slow{i}") for i in range(10)]
+    caught: list[BaseException] = []
+
+    class Drain(Exception):
+        pass
+
+    def run() -> None:
+        try:
+            get_all(gets, concurrency=2)
+        except BaseException as e:  # noqa: BLE001 - inspected below
+            caught.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    while not any(g.begins for g in gets):
+        time.sleep(0.01)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(Drain))
+    t.join(timeout=4)  # all ten would take 25 s; one response, 5 s
+    assert not t.is_alive()
+    assert [type(e) for e in caught] == [Drain]
+    assert [g.closed for g in gets if g.begins] == [False, False]
