@@ -8,16 +8,21 @@ slow links) and check what the servers recorded.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
 
 from chaos.proxy import Toxiproxy
 from perago.adapters.conductor import ConductorClient
-from perago.adapters.lakefs import LakeFSStore
+from perago.adapters.lakefs import LakeFSStore, _ObjectGet
+from perago.config import load
+from perago.store import ObjectInfo
+from perago.workspace import materialize
 
 from .harness import (
     attempts,
@@ -168,6 +173,58 @@ def test_attempt_fence_2_refuses_when_the_task_timed_out_while_staging(
     assert [t["status"] for t in attempts(wf, "step")] == ["TIMED_OUT", "COMPLETED"]
     [published] = publications(store, repo)
     assert published.metadata["perago.retry_count"] == "1"
+
+
+def test_materialize_rides_out_a_link_that_resets_then_recovers(
+    proxy: tuple[Toxiproxy, dict[str, str]],
+    stack_env: dict[str, str],
+    store: LakeFSStore,
+    repo: str,
+    tmp_path: Path,
+) -> None:
+    # Once the listing is read, every connection to lakeFS is reset for a second: each
+    # download (libcurl's batch, perago.adapters.curl) starts again from byte 0 until it heals.
+    tp, through = proxy
+    tp.clear()
+    files = {f"d/f{i}.bin": bytes([i]) * (1000 + i) for i in range(40)}
+    for path, data in files.items():
+        store.upload_bytes(repo, "main", path, data)
+    store.commit(repo, "main", message="input", metadata={})
+    tries: list[str] = []
+    healed = threading.Timer(1.0, tp.remove_toxic, args=("lakefs", "reset"))
+
+    class Counted(_ObjectGet):
+        def begin(self) -> Callable[[bytes], object]:
+            tries.append(self.url)
+            return super().begin()
+
+    class ResetAfterListing(LakeFSStore):
+        _object_get = Counted
+
+        def list_objects(self, *args: Any, **kwargs: Any) -> Iterator[ObjectInfo]:
+            yield from super().list_objects(*args, **kwargs)
+            reset = {"timeout": 0}
+            tp.add_toxic(
+                "lakefs",
+                {
+                    "name": "reset",
+                    "type": "reset_peer",
+                    "stream": "downstream",
+                    "attributes": reset,
+                },
+            )
+            healed.start()
+
+    faulty = ResetAfterListing(load({**stack_env, **through}))
+    try:
+        materialize(faulty, repo, "main", "d/", tmp_path / "out", parallelism=8)
+    finally:
+        healed.join()
+        tp.clear()
+        faulty.close()
+    out = tmp_path / "out"
+    assert {f"d/{p.name}": p.read_bytes() for p in out.iterdir()} == files
+    assert len(tries) > len(files)  # some were tried again
 
 
 def test_slow_links_to_both_servers_still_publish_each_step_once(
