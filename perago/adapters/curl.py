@@ -19,13 +19,14 @@ from __future__ import annotations
 import heapq
 import os
 import ssl
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 
 import pycurl
 
-__all__ = ["Transfer", "TransientError", "get_all"]
+__all__ = ["CurlPool", "Transfer", "TransientError", "get_all"]
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 _RETRY_FOR_S = 60.0
@@ -112,6 +113,40 @@ def _new_handle(connect_timeout: float, read_timeout: float) -> pycurl.Curl:
     return h
 
 
+class CurlPool:
+    """Curl handles kept between batches, so their connections stay alive: a task reading a
+    few objects does not pay a connect per object. One batch at a time uses a set of them."""
+
+    def __init__(self, *, connect_timeout: float = 10.0, read_timeout: float = 60.0) -> None:
+        self._timeouts = (connect_timeout, read_timeout)
+        self._idle: list[tuple[pycurl.CurlMulti, list[pycurl.Curl]]] = []
+        self._lock = threading.Lock()
+
+    def get_all(
+        self, transfers: Iterable[Transfer], *, concurrency: int, retry_for: float = _RETRY_FOR_S
+    ) -> None:
+        """Run every transfer, ``concurrency`` at a time; the first lasting failure raises.
+
+        A transient failure is tried again until ``retry_for`` seconds after the first try.
+        """
+        with self._lock:
+            multi, handles = self._idle.pop() if self._idle else (pycurl.CurlMulti(), [])
+        try:
+            _run(multi, handles, transfers, concurrency, lambda: _new_handle(*self._timeouts),
+                 retry_for)  # fmt: skip
+        finally:
+            with self._lock:
+                self._idle.append((multi, handles))
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for multi, handles in idle:
+            for h in handles:
+                h.close()
+            multi.close()
+
+
 def get_all(
     transfers: Iterable[Transfer],
     *,
@@ -120,17 +155,39 @@ def get_all(
     read_timeout: float = 60.0,
     retry_for: float = _RETRY_FOR_S,
 ) -> None:
-    """Run every transfer, ``concurrency`` at a time; the first lasting failure raises.
+    """One batch on handles of its own (:meth:`CurlPool.get_all`)."""
+    pool = CurlPool(connect_timeout=connect_timeout, read_timeout=read_timeout)
+    try:
+        pool.get_all(transfers, concurrency=concurrency, retry_for=retry_for)
+    finally:
+        pool.close()
 
-    A transient failure is tried again until ``retry_for`` seconds after the first try.
-    """
+
+def _run(
+    multi: pycurl.CurlMulti,
+    handles: list[pycurl.Curl],
+    transfers: Iterable[Transfer],
+    concurrency: int,
+    new_handle: Callable[[], pycurl.Curl],
+    retry_for: float,
+) -> None:
     pending: Iterator[Transfer] = iter(transfers)
     waiting: list[tuple[float, int, Transfer, float, int]] = []  # (due, seq, t, first, tries)
-    multi = pycurl.CurlMulti()
-    slots = [_Slot(_new_handle(connect_timeout, read_timeout)) for _ in range(concurrency)]
-    free = list(slots)
+    slots: list[_Slot] = []
+    free: list[_Slot] = []
     busy: dict[int, _Slot] = {}
     seq = 0
+
+    def can_start() -> bool:
+        return bool(free) or len(slots) < concurrency
+
+    def take() -> _Slot:
+        if free:
+            return free.pop()
+        if len(handles) == len(slots):
+            handles.append(new_handle())
+        slots.append(_Slot(handles[len(slots)]))
+        return slots[-1]
 
     def start(slot: _Slot, t: Transfer, first: float, tries: int) -> None:
         slot.transfer, slot.first_try, slot.tries = t, first, tries
@@ -178,15 +235,15 @@ def get_all(
         exhausted = False
         while True:
             now = time.monotonic()
-            while free and waiting and waiting[0][0] <= now:
+            while can_start() and waiting and waiting[0][0] <= now:
                 _, _, t, first, tries = heapq.heappop(waiting)
-                start(free.pop(), t, first, tries)
-            while free and not exhausted:
+                start(take(), t, first, tries)
+            while can_start() and not exhausted:
                 fresh = next(pending, None)
                 if fresh is None:
                     exhausted = True
                     break
-                start(free.pop(), fresh, time.monotonic(), 0)
+                start(take(), fresh, time.monotonic(), 0)
             if not busy and not waiting and exhausted:
                 return
             while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
@@ -210,6 +267,3 @@ def get_all(
                 slot.transfer.close(False)
         for _, _, t, _, _ in waiting:
             t.close(False)
-        for slot in slots:
-            slot.handle.close()
-        multi.close()

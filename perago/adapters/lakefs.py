@@ -26,7 +26,7 @@ from lakefs_sdk.exceptions import ApiException
 from pydantic import SecretStr
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from perago.adapters.curl import Transfer, get_all
+from perago.adapters.curl import CurlPool, Transfer
 from perago.adapters.http import Response, Transport, TransportError
 from perago.errors import ConfigError, ConflictError, NotFoundError, StoreError, WorkspaceError
 from perago.store import Commit, DownloadJob, ObjectInfo, Sink
@@ -196,6 +196,7 @@ class LakeFSStore:
             read_timeout=self._timeout,
             maxsize=max(16, settings.transfer_parallelism * 2),
         )
+        self._curl = CurlPool(connect_timeout=10, read_timeout=self._timeout)
         self.repos = lakefs_sdk.RepositoriesApi(self._client)
         self.branches = lakefs_sdk.BranchesApi(self._client)
         self.commits = lakefs_sdk.CommitsApi(self._client)
@@ -210,6 +211,7 @@ class LakeFSStore:
 
     def close(self) -> None:
         self._http.close()
+        self._curl.close()
         self._client.close()
 
     def _call(
@@ -649,11 +651,9 @@ class LakeFSStore:
     ) -> None:
         """The jobs' objects over libcurl's multi interface (:mod:`perago.adapters.curl`):
         pre-signed URLs where listed (falling back to lakeFS when refused), else lakeFS."""
-        get_all(
+        self._curl.get_all(
             (self._object_get(self, repository, ref, job) for job in jobs),
             concurrency=parallelism,
-            connect_timeout=10,
-            read_timeout=self._timeout,
         )
 
     def _request(

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import pytest
 
-from perago.adapters.curl import Transfer, TransientError, get_all
+from perago.adapters.curl import CurlPool, Transfer, TransientError, get_all
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -22,11 +22,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     script: ClassVar[dict[str, list[int]]] = {}
     delay: ClassVar[float] = 0.0
     hits: ClassVar[list[str]] = []
+    ports: ClassVar[list[int]] = []
     lock = threading.Lock()
 
     def do_GET(self) -> None:
         with self.lock:
             self.hits.append(self.path)
+            self.ports.append(self.client_address[1])
             queue = self.script.get(self.path, [])
             status = queue.pop(0) if queue else 200
         time.sleep(self.delay)
@@ -42,7 +44,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[str]:
-    _Handler.script, _Handler.delay, _Handler.hits = {}, 0.0, []
+    _Handler.script, _Handler.delay, _Handler.hits, _Handler.ports = {}, 0.0, [], []
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
@@ -149,3 +151,15 @@ def test_the_drains_exception_stops_the_batch_at_once(server: str) -> None:
     assert not t.is_alive()
     assert [type(e) for e in caught] == [Drain]
     assert [g.closed for g in gets if g.begins] == [False, False]
+
+
+def test_a_pool_keeps_its_connections_alive_between_batches(server: str) -> None:
+    pool = CurlPool()
+    try:
+        for n in range(3):
+            get = _Get(f"{server}/batch{n}")
+            pool.get_all([get], concurrency=4)
+            assert get.closed is True
+    finally:
+        pool.close()
+    assert len(_Handler.ports) == 3 and len(set(_Handler.ports)) == 1  # one connection
