@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-__all__ = ["Commit", "DownloadJob", "ObjectInfo", "Sink", "VersionStore", "download_one"]
+__all__ = [
+    "Commit",
+    "DownloadJob",
+    "ObjectInfo",
+    "Sink",
+    "UploadJob",
+    "VersionStore",
+    "download_one",
+]
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,16 @@ class DownloadJob(Protocol):
 
     def open(self) -> Sink: ...
     def close(self, ok: bool) -> None: ...
+
+
+class UploadJob(Protocol):
+    """One file of a batch upload: ``path`` in lakeFS, ``source`` on disk; ``done`` gets what
+    lakeFS stored."""
+
+    path: str
+    source: Path
+
+    def done(self, stored: ObjectInfo) -> None: ...
 
 
 def download_one(store: VersionStore, repository: str, ref: str, job: DownloadJob) -> None:
@@ -108,6 +126,12 @@ class VersionStore(Protocol):
     def upload(
         self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
     ) -> ObjectInfo: ...
+    def upload_many(
+        self, repository: str, branch: str, jobs: Iterable[UploadJob], *, parallelism: int
+    ) -> None:
+        """Every job's file to ``branch``, ``parallelism`` at a time (plain uploads)."""
+        ...
+
     def upload_bytes(
         self, repository: str, branch: str, path: str, data: bytes, *, if_absent: bool = False
     ) -> None: ...

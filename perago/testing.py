@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from perago.context import AttemptInfo, attempt_context
 from perago.errors import ConflictError, NotFoundError, OrchestratorError, StoreError
 from perago.orchestrator import IN_PROGRESS, Outcome, TaskSnapshot
-from perago.store import Commit, DownloadJob, ObjectInfo, download_one
+from perago.store import Commit, DownloadJob, ObjectInfo, UploadJob, download_one
 from perago.task import RemoteWorkspace, TaskDefinition
 
 __all__ = [
@@ -285,6 +285,12 @@ class MemoryStore:
     ) -> None:
         for job in jobs:  # one at a time, through download (which test doubles count)
             download_one(self, repository, ref, job)
+
+    def upload_many(
+        self, repository: str, branch: str, jobs: Iterable[UploadJob], *, parallelism: int
+    ) -> None:
+        for job in jobs:  # one at a time, through upload (which test doubles count)
+            job.done(self.upload(repository, branch, job.path, job.source))
 
     def upload(
         self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False

@@ -1,4 +1,4 @@
-"""Many GETs at once on libcurl's multi interface, driven from the calling thread.
+"""Many small requests at once on libcurl's multi interface, driven from the calling thread.
 
 Materializing thousands of small objects is one request each; with a Python thread per
 transfer, ``http.client`` and the GIL cost about 0.35 ms of client CPU per object on issue
@@ -38,19 +38,22 @@ class TransientError(Exception):
 
 
 class Transfer(ABC):
-    """One GET: where from, where to, and what its end means."""
+    """One request (a GET, or a POST of ``body``): where, where its answer goes, and what
+    its end means."""
 
     #: The URL and request headers of the next try (a transfer may change them, see ``ended``).
     url: str = ""
     headers: tuple[str, ...] = ()
+    #: The request body of a POST, read by ``begin`` (None: a GET).
+    body: bytes | None = None
 
     @abstractmethod
     def begin(self) -> Callable[[bytes], object]:
         """Start (or start over at byte 0): the function that takes the response's bytes."""
 
     @abstractmethod
-    def ended(self, status: int, body: bytes) -> bool:
-        """The response ended with ``status`` (``body``: the start of a non-200 body).
+    def ended(self, status: int, head: bytes) -> bool:
+        """The response ended with ``status`` (``head``: the first bytes of its body).
 
         True: done. False: try again at once (``url`` and ``headers`` were changed, a
         fallback). Raising ends the whole batch, except :class:`TransientError`.
@@ -196,6 +199,11 @@ def _run(
         h = slot.handle
         h.setopt(pycurl.URL, t.url)
         h.setopt(pycurl.HTTPHEADER, list(t.headers))
+        if t.body is None:
+            h.setopt(pycurl.HTTPGET, 1)
+        else:
+            h.setopt(pycurl.POSTFIELDSIZE, len(t.body))
+            h.setopt(pycurl.POSTFIELDS, t.body)
         h.setopt(pycurl.WRITEFUNCTION, slot.write)
         multi.add_handle(h)
         busy[id(h)] = slot
@@ -213,7 +221,7 @@ def _run(
                 raise TransientError(curl_error)
             if status in _TRANSIENT_STATUS:
                 raise TransientError(f"HTTP {status}: {bytes(slot.head)[:200]!r}")
-            done = t.ended(status, b"" if status == 200 else bytes(slot.head))
+            done = t.ended(status, bytes(slot.head))
         except TransientError as e:
             if time.monotonic() - first > retry_for:
                 t.close(False)

@@ -29,7 +29,8 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 from perago.adapters.curl import CurlPool, Transfer
 from perago.adapters.http import Response, Transport, TransportError
 from perago.errors import ConfigError, ConflictError, NotFoundError, StoreError, WorkspaceError
-from perago.store import Commit, DownloadJob, ObjectInfo, Sink
+from perago.parallel import run_parallel
+from perago.store import Commit, DownloadJob, ObjectInfo, Sink, UploadJob
 
 __all__ = ["LakeFSConnection", "LakeFSStore"]
 
@@ -117,7 +118,7 @@ class _ObjectGet(Transfer):
         sink: Sink = self._sink
         return sink.write
 
-    def ended(self, status: int, body: bytes) -> bool:
+    def ended(self, status: int, head: bytes) -> bool:
         if status == 200:
             return True
         if self._presigned and status in (400, 401, 403):
@@ -126,7 +127,7 @@ class _ObjectGet(Transfer):
             self.url, self.headers = self._through_lakefs
             return False
         server = "object storage" if self._presigned else "lakeFS"
-        raise _error_for(status, "", body.decode(errors="replace"), f"{server} {self._what}")
+        raise _error_for(status, "", head.decode(errors="replace"), f"{server} {self._what}")
 
     def failed(self, why: str) -> Exception:
         where = urlsplit(self.url).netloc
@@ -138,6 +139,51 @@ class _ObjectGet(Transfer):
     def close(self, ok: bool) -> None:
         if self._sink is not None:
             self._job.close(ok)
+
+
+class _ObjectPost(Transfer):
+    """One file of :meth:`LakeFSStore.upload_many` (at most ``_SMALL_BODY`` bytes)."""
+
+    def __init__(self, store: LakeFSStore, repository: str, branch: str, job: UploadJob) -> None:
+        self._job = job
+        self._what = f"upload {repository}/{branch}/{job.path}"
+        self.url = store._url(repository, f"branches/{quote(branch, safe='')}/objects", job.path)
+        auth = tuple(f"{k}: {v}" for k, v in store._auth.items())
+        # no "Expect: 100-continue" round trip before the body
+        self.headers = (*auth, "Content-Type: application/octet-stream", "Expect:")
+        self._answer = bytearray()
+
+    def begin(self) -> Callable[[bytes], object]:
+        if self.body is None:
+            try:  # a local file that cannot be read is no network fault: never retried
+                self.body = self._job.source.read_bytes()
+            except OSError as e:
+                raise _unreadable(self._job.source, self._what, e) from e
+        self._answer = bytearray()
+        return self._answer.extend
+
+    def ended(self, status: int, head: bytes) -> bool:
+        if status >= 300:
+            raise _error_for(status, "", head.decode(errors="replace"), f"lakeFS {self._what}")
+        stats = json.loads(self._answer)
+        self._job.done(
+            ObjectInfo(
+                path=self._job.path,
+                size=int(stats.get("size_bytes") or 0),
+                checksum=str(stats.get("checksum", "")),
+                physical_address=str(stats.get("physical_address", "")),
+            )
+        )
+        return True
+
+    def failed(self, why: str) -> Exception:
+        return StoreError(
+            f"lakeFS {self._what} failed: no answer from {urlsplit(self.url).netloc} ({why}); "
+            "is lakeFS running and reachable?"
+        )
+
+    def close(self, ok: bool) -> None:
+        self.body = None
 
 
 def _commit(c: Any) -> Commit:
@@ -654,6 +700,31 @@ class LakeFSStore:
         self._curl.get_all(
             (self._object_get(self, repository, ref, job) for job in jobs),
             concurrency=parallelism,
+        )
+
+    def upload_many(
+        self, repository: str, branch: str, jobs: Iterable[UploadJob], *, parallelism: int
+    ) -> None:
+        """Small files over libcurl's multi interface (one POST each, like :meth:`upload`);
+        larger ones, and every file when transfers are pre-signed, through :meth:`upload` on
+        ``parallelism`` threads (their cost is bytes, not requests)."""
+        small: list[UploadJob] = []
+        threaded: list[UploadJob] = []
+        presigned = self.presigned()
+        for job in jobs:
+            try:
+                size = job.source.stat().st_size
+            except OSError as e:
+                raise _unreadable(job.source, f"upload {repository}/{branch}/{job.path}", e) from e
+            (threaded if presigned or size > _SMALL_BODY else small).append(job)
+        if threaded:
+
+            def put(job: UploadJob) -> None:
+                job.done(self.upload(repository, branch, job.path, job.source))
+
+            run_parallel(threaded, put, parallelism=parallelism)
+        self._curl.get_all(
+            (_ObjectPost(self, repository, branch, job) for job in small), concurrency=parallelism
         )
 
     def _request(

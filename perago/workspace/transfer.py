@@ -8,19 +8,16 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
 
 from perago.errors import UnsafePathError, WorkspaceError
+from perago.parallel import run_parallel
 from perago.store import ObjectInfo, VersionStore, download_one
 from perago.workspace.cache import ContentCache, clone_file, write_new
 from perago.workspace.manifest import Manifest, ManifestEntry, file_md5, filesystem_now
 
 __all__ = ["local_path_for", "materialize", "run_parallel", "upload_all"]
-
-T = TypeVar("T")
 
 
 class _HashingWriter:
@@ -74,24 +71,6 @@ def local_path_for(root: Path, relative: str) -> Path:
             "'.', '..' or backslash segments); rename the object in lakeFS"
         )
     return root.joinpath(*parts)
-
-
-def run_parallel(items: Iterable[T], fn: Callable[[T], None], *, parallelism: int) -> None:
-    """Run ``fn`` over ``items`` on a thread pool; the first failure cancels the rest.
-
-    Whatever ends the wait (a failure, or the drain interrupting this thread) cancels the
-    items not started yet, and returns once the running ones have ended. The wait wakes up
-    every quarter second: the drain's exception reaches a thread only while it runs Python.
-    """
-    pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="perago-xfer")
-    try:
-        pending: set[Future[None]] = {pool.submit(fn, item) for item in items}
-        while pending:
-            done, pending = wait(pending, timeout=0.25, return_when=FIRST_EXCEPTION)
-            for f in done:
-                f.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 _MD5_HEX = re.compile(r"[0-9a-f]{32}")
@@ -278,15 +257,17 @@ def upload_all(
     """
     settled_ns = filesystem_now(root) if cache is not None else 0
 
-    def put(rel: str) -> None:
-        source = root / rel
-        before: os.stat_result | None = None
-        if cache is not None:
-            with contextlib.suppress(OSError):  # the upload reports an unreadable file
-                before = os.stat(source)
-        stored = store.upload(repository, branch, prefix + rel, source)
-        if cache is not None and before is not None:
-            key = cache.key(stored.checksum, stored.physical_address, stored.size)
-            cache.vouch(root, rel, key, stored.size, before, settled_ns)
+    class Upload:
+        def __init__(self, rel: str) -> None:
+            self.rel, self.path, self.source = rel, prefix + rel, root / rel
+            self.before: os.stat_result | None = None
+            if cache is not None:
+                with contextlib.suppress(OSError):  # the upload reports an unreadable file
+                    self.before = os.stat(self.source)
 
-    run_parallel(list(paths), put, parallelism=parallelism)
+        def done(self, stored: ObjectInfo) -> None:
+            if cache is not None and self.before is not None:
+                key = cache.key(stored.checksum, stored.physical_address, stored.size)
+                cache.vouch(root, self.rel, key, stored.size, self.before, settled_ns)
+
+    store.upload_many(repository, branch, [Upload(rel) for rel in paths], parallelism=parallelism)

@@ -44,10 +44,11 @@ class _Counting:
 def test_a_published_file_is_read_back_from_the_cache_after_a_merge(
     store: LakeFSStore, repo: str, tmp_path: Path
 ) -> None:
-    cache = ContentCache(tmp_path / "cache", max_bytes=1 << 20)
+    cache = ContentCache(tmp_path / "cache", max_bytes=1 << 23)
     counting = _Counting(store)
     src = tmp_path / "src"
-    files = {"a.bin": os.urandom(3000), "d/b.bin": os.urandom(10)}
+    # small files go in one libcurl batch, the 1.5 MiB one on a thread (LakeFSStore.upload_many)
+    files = {"a.bin": os.urandom(3000), "d/b.bin": os.urandom(10), "big": os.urandom(1_500_000)}
     for rel, data in files.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(data)
@@ -55,7 +56,7 @@ def test_a_published_file_is_read_back_from_the_cache_after_a_merge(
     tick_past(src)  # a file written in the upload's clock tick is never adopted
     upload_all(store, repo, "stage", "out/", src, list(files), parallelism=2, cache=cache)
     assert len(cache) == 0  # vouched for: the cache adopts them once the attempt ends
-    assert cache.adopt(src) == 2
+    assert cache.adopt(src) == 3
     store.commit(repo, "stage", message="stage", metadata={})
     merged = store.merge(repo, "stage", "main", message="publish", metadata={})
 
@@ -70,11 +71,11 @@ def test_a_published_file_is_read_back_from_the_cache_after_a_merge(
     assert manifest.entries["a.bin"].checksum == hashlib.md5(files["a.bin"]).hexdigest()
 
     # another worker (its own cache) downloads
-    other = ContentCache(tmp_path / "other", max_bytes=1 << 20)
+    other = ContentCache(tmp_path / "other", max_bytes=1 << 23)
     second = tmp_path / "second"
     second.mkdir()
     materialize(counting, repo, merged, "out/", second, parallelism=2, cache=other)  # type: ignore[arg-type]
-    assert counting.downloads == 2
+    assert counting.downloads == 3
     assert {p: (second / p).read_bytes() for p in files} == files
     cache.close()
     other.close()

@@ -38,6 +38,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self) -> None:
+        data = self.rfile.read(int(self.headers["Content-Length"]))
+        with self.lock:
+            self.hits.append(f"POST {self.path} {len(data)} {self.headers.get('Expect')}")
+        body = data[::-1]  # the bytes, reversed
+        self.send_response(201)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -163,3 +173,24 @@ def test_a_pool_keeps_its_connections_alive_between_batches(server: str) -> None
     finally:
         pool.close()
     assert len(_Handler.ports) == 3 and len(set(_Handler.ports)) == 1  # one connection
+
+
+def test_a_post_sends_its_body_and_the_handle_then_gets_again(server: str) -> None:
+    class Post(_Get):
+        def ended(self, status: int, body: bytes) -> bool:
+            assert status == 201
+            return True
+
+    payload = bytes(range(256)) * 8000  # 2 MB: no "Expect: 100-continue" wait when told so
+    post = Post(f"{server}/up")
+    post.body, post.headers = payload, ("Expect:",)
+    get = _Get(f"{server}/down")
+    pool = CurlPool()
+    try:
+        pool.get_all([post], concurrency=1)
+        pool.get_all([get], concurrency=1)  # the same handle, a GET again
+    finally:
+        pool.close()
+    assert bytes(post.data) == payload[::-1]
+    assert _Handler.hits == [f"POST /up {len(payload)} None", "/down"]
+    assert bytes(get.data) == b"bytes of /down" * 50

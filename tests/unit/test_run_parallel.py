@@ -10,7 +10,7 @@ import time
 import pytest
 
 from perago.errors import WorkerShutdown
-from perago.workspace.transfer import run_parallel
+from perago.parallel import run_parallel
 
 
 def test_every_item_runs_once_on_at_most_parallelism_threads() -> None:
