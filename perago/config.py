@@ -137,11 +137,19 @@ class Settings(BaseSettings):
         default=25,
         ge=1,
         le=128,
-        description="Parallel object transfers between lakeFS and a workspace (25, like "
-        "`lakectl local`: each upload waits mostly on lakeFS, not on this process). On 1-2 "
-        "cores next to lakeFS, 8 can be faster for many small objects, as more threads wait "
-        "on Python's GIL (10,000 x 1 KiB: 3.9-4.8 s at 8-12, 4.9-6.1 s at 25 on 2 cores); "
-        "against distant object storage keep 25 or more.",
+        description="Parallel object transfers between lakeFS and a workspace: downloads "
+        "(driven by libcurl from one thread), and uploads of files over 1 MiB or pre-signed "
+        "(threads). 25, like `lakectl local`.",
+    )
+    upload_parallelism: int = Field(
+        default=100,
+        ge=1,
+        le=512,
+        description="Uploads of files up to 1 MiB in flight at once (through lakeFS, driven by "
+        "libcurl from one thread, so many cost little). Each waits mostly on lakeFS (about "
+        "10 ms for 64 KiB on the local stack), so more in flight hide the wait: 1,000 x 64 "
+        "KiB staged in 0.53-0.68 s at 25, 0.30 s at 50, 0.23 s at 100 on 2 cores. Lower it "
+        "for a small lakeFS shared by many workers.",
     )
     presign: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -211,6 +211,8 @@ class LakeFSConnection(Protocol):
     @property
     def transfer_parallelism(self) -> int: ...
     @property
+    def upload_parallelism(self) -> int: ...
+    @property
     def presign(self) -> str: ...
     @property
     def lakefs_local_blockstore(self) -> Path | None: ...
@@ -243,6 +245,7 @@ class LakeFSStore:
             maxsize=max(16, settings.transfer_parallelism * 2),
         )
         self._curl = CurlPool(connect_timeout=10, read_timeout=self._timeout)
+        self._uploads_in_flight = settings.upload_parallelism
         self.repos = lakefs_sdk.RepositoriesApi(self._client)
         self.branches = lakefs_sdk.BranchesApi(self._client)
         self.commits = lakefs_sdk.CommitsApi(self._client)
@@ -705,9 +708,10 @@ class LakeFSStore:
     def upload_many(
         self, repository: str, branch: str, jobs: Iterable[UploadJob], *, parallelism: int
     ) -> None:
-        """Small files over libcurl's multi interface (one POST each, like :meth:`upload`);
-        larger ones, and every file when transfers are pre-signed, through :meth:`upload` on
-        ``parallelism`` threads (their cost is bytes, not requests)."""
+        """Small files over libcurl's multi interface (one POST each, like :meth:`upload`,
+        ``PERAGO_UPLOAD_PARALLELISM`` in flight); larger ones, and every file when transfers
+        are pre-signed, through :meth:`upload` on ``parallelism`` threads (their cost is
+        bytes, not requests)."""
         small: list[UploadJob] = []
         threaded: list[UploadJob] = []
         presigned = self.presigned()
@@ -724,7 +728,8 @@ class LakeFSStore:
 
             run_parallel(threaded, put, parallelism=parallelism)
         self._curl.get_all(
-            (_ObjectPost(self, repository, branch, job) for job in small), concurrency=parallelism
+            (_ObjectPost(self, repository, branch, job) for job in small),
+            concurrency=self._uploads_in_flight,
         )
 
     def _request(
