@@ -29,6 +29,10 @@ import pycurl
 __all__ = ["CurlPool", "Transfer", "TransientError", "get_all"]
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
+#: libcurl errors no retry mends: bad URL or scheme, a certificate not trusted or unreadable.
+_LASTING = frozenset({1, 3, 58, 60, 77})
+_TLS_HINT = "; trust the server's CA with SSL_CERT_FILE (a PEM bundle)"
+_TLS_ERRORS = frozenset({58, 60, 77})
 _RETRY_FOR_S = 60.0
 _ERROR_BODY = 300  # bytes of an error response kept for the message
 
@@ -208,7 +212,7 @@ def _run(
         multi.add_handle(h)
         busy[id(h)] = slot
 
-    def finish(slot: _Slot, curl_error: str | None) -> None:
+    def finish(slot: _Slot, curl_error: str | None, code: int = 0) -> None:
         multi.remove_handle(slot.handle)
         del busy[id(slot.handle)]
         t, first, tries = slot.transfer, slot.first_try, slot.tries
@@ -216,6 +220,9 @@ def _run(
         slot.transfer = None
         free.append(slot)
         status = int(slot.handle.getinfo(pycurl.RESPONSE_CODE))
+        if code in _LASTING:
+            t.close(False)
+            raise t.failed(f"{curl_error}{_TLS_HINT if code in _TLS_ERRORS else ''}")
         try:
             if curl_error is not None:
                 raise TransientError(curl_error)
@@ -260,8 +267,8 @@ def _run(
                 queued, ok, errors = multi.info_read()
                 for h in ok:
                     finish(busy[id(h)], None)
-                for h, _code, message in errors:
-                    finish(busy[id(h)], message or "transfer failed")
+                for h, code, message in errors:
+                    finish(busy[id(h)], message or f"libcurl error {code}", code)
                 if not queued:
                     break
             if busy:

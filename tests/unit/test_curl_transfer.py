@@ -6,14 +6,17 @@ from __future__ import annotations
 import ctypes
 import http.server
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
 from perago.adapters.curl import CurlPool, Transfer, TransientError, get_all
+from tests.tls import self_signed
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -194,3 +197,26 @@ def test_a_post_sends_its_body_and_the_handle_then_gets_again(server: str) -> No
     assert bytes(post.data) == payload[::-1]
     assert _Handler.hits == [f"POST /up {len(payload)} None", "/down"]
     assert bytes(get.data) == b"bytes of /down" * 50
+
+
+def test_https_is_verified_against_the_trusted_certificates(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.socket = tls.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{srv.server_address[1]}/secret"
+        untrusted = _Get(url)
+        with pytest.raises(ConnectionError, match="SSL_CERT_FILE"):  # no retry mends it
+            get_all([untrusted], concurrency=1)
+        assert untrusted.begins == 1 and _Handler.hits == []
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # how a private CA is trusted
+        trusted = _Get(url)
+        get_all([trusted], concurrency=1)
+        assert bytes(trusted.data) == b"bytes of /secret" * 50
+    finally:
+        srv.shutdown()
