@@ -172,13 +172,16 @@ def _no_writer(fd: int) -> bool:
 
 
 def _leases_work(directory: Path) -> bool:
+    """True if this filesystem grants file leases (some network filesystems do not)."""
     fd, probe = tempfile.mkstemp(dir=directory, prefix=".lease-")
+    os.close(fd)
     try:
-        os.close(fd)
         fd = os.open(probe, os.O_RDONLY | os.O_CLOEXEC)
-        return _no_writer(fd)
+        try:
+            return _no_writer(fd)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
         os.unlink(probe)
 
 
