@@ -23,7 +23,8 @@ exception into an attempt's outcome.
     ├── ServiceError                an outside system failed or answered with an error (.status)
     │   ├── StoreError              lakeFS answered with an error
     │   │   ├── NotFoundError
-    │   │   └── ConflictError
+    │   │   ├── ConflictError
+    │   │   └── TransientStoreError a transfer failed in a way another try may mend
     │   ├── OrchestratorError       Conductor answered with an error
     │   └── CoordStoreError         the coordination backend failed; a write's fate may be unknown
     ├── CoordinationError           a lease or conditional write said no (nothing broke)
@@ -69,6 +70,7 @@ __all__ = [
     "TargetExistsError",
     "TaskDefinitionError",
     "TaskError",
+    "TransientStoreError",
     "UnsafePathError",
     "WorkerShutdown",
     "WorkflowRunError",
@@ -158,6 +160,11 @@ class NotFoundError(StoreError):
 
 class ConflictError(StoreError):
     pass
+
+
+class TransientStoreError(StoreError):
+    """A transfer failed in a way another try may mend (no answer, a reset, HTTP 429/5xx);
+    libcurl batches (perago.adapters.curl) start it again from byte 0."""
 
 
 class OrchestratorError(ServiceError):

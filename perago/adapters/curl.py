@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import pycurl
 
-__all__ = ["CurlPool", "Transfer", "TransientError", "get_all"]
+from perago.errors import TransientStoreError
+
+__all__ = ["CurlPool", "Transfer", "get_all"]
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 #: libcurl errors no retry mends: bad URL or scheme, a certificate not trusted or unreadable.
@@ -35,10 +37,6 @@ _TLS_HINT = "; trust the server's CA with SSL_CERT_FILE (a PEM bundle)"
 _TLS_ERRORS = frozenset({58, 60, 77})
 _RETRY_FOR_S = 60.0
 _ERROR_BODY = 300  # bytes of an error response kept for the message
-
-
-class TransientError(Exception):
-    """A transfer failed for a reason worth another try; ``describe`` says which."""
 
 
 class Transfer(ABC):
@@ -60,7 +58,7 @@ class Transfer(ABC):
         """The response ended with ``status`` (``head``: the first bytes of its body).
 
         True: done. False: try again at once (``url`` and ``headers`` were changed, a
-        fallback). Raising ends the whole batch, except :class:`TransientError`.
+        fallback). Raising ends the whole batch, except :class:`TransientStoreError`.
         """
 
     @abstractmethod
@@ -225,11 +223,11 @@ def _run(
             raise t.failed(f"{curl_error}{_TLS_HINT if code in _TLS_ERRORS else ''}")
         try:
             if curl_error is not None:
-                raise TransientError(curl_error)
+                raise TransientStoreError(curl_error)
             if status in _TRANSIENT_STATUS:
-                raise TransientError(f"HTTP {status}: {bytes(slot.head)[:200]!r}")
+                raise TransientStoreError(f"HTTP {status}: {bytes(slot.head)[:200]!r}")
             done = t.ended(status, bytes(slot.head))
-        except TransientError as e:
+        except TransientStoreError as e:
             if time.monotonic() - first > retry_for:
                 t.close(False)
                 raise t.failed(str(e)) from None

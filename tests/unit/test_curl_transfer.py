@@ -15,7 +15,8 @@ from typing import ClassVar
 
 import pytest
 
-from perago.adapters.curl import CurlPool, Transfer, TransientError, get_all
+from perago.adapters.curl import CurlPool, Transfer, get_all
+from perago.errors import TransientStoreError
 from tests.tls import self_signed
 
 
@@ -131,7 +132,7 @@ def test_a_transfer_raising_transient_error_is_retried(server: str) -> None:
     class Once(_Get):
         def ended(self, status: int, body: bytes) -> bool:
             if self.begins == 1:
-                raise TransientError("checksum mismatch, try again")
+                raise TransientStoreError("checksum mismatch, try again")
             return super().ended(status, body)
 
     get = Once(f"{server}/o")
