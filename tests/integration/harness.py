@@ -154,6 +154,10 @@ def publications(store: LakeFSStore, repo: str, branch: str = "main") -> list[Co
     ]
 
 
+#: What the worker logs once an attempt's report is over (its branch lease released).
+_REPORT_ENDS = ("attempt_reported", "report_not_shown", "report_failed", "attempt_interrupted")
+
+
 def held_leases(store: LakeFSStore, repo: str, *, settle: float = 10.0) -> list[str]:
     """The branch leases still held in ``repo`` once a worker's background releases, which
     land a write after the report, have had ``settle`` seconds to do so."""
@@ -247,6 +251,16 @@ class WorkerProcess:
             return self.proc.wait()
 
     def close(self) -> None:
+        """Kill the worker, once every attempt it finished is reported (up to 3 s): a test
+        that ends when Conductor shows COMPLETED would otherwise kill the worker between the
+        report and its branch lease release, and leave a lease held."""
+        deadline = time.monotonic() + 3
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            names = [e.get("event") for e in self.events()]
+            ended = sum(names.count(n) for n in _REPORT_ENDS)
+            if ended >= names.count("attempt_finished"):
+                break
+            time.sleep(0.05)
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
