@@ -169,7 +169,9 @@ def test_the_drains_exception_stops_the_batch_at_once(server: str) -> None:
     t.join(timeout=4)  # all ten would take 25 s; one response, 5 s
     assert not t.is_alive()
     assert [type(e) for e in caught] == [Drain]
-    assert [g.closed for g in gets if g.begins] == [False, False]
+    started = [g for g in gets if g.begins]
+    assert 1 <= len(started) <= 2 and all(g.closed is False for g in started)
+    assert all(g.closed is None for g in gets if not g.begins)
 
 
 def test_a_pool_keeps_its_connections_alive_between_batches(server: str) -> None:
