@@ -154,8 +154,10 @@ class _Side:
         )
         target = WorkspaceTarget(self.repo, branch, input_ref)
         started = time.perf_counter()
-        ref = publisher.publish(me, target, PREFIX, self.workspace, Diff(changed=(FILE,)))
-        return ref, time.perf_counter() - started
+        publication = publisher.publish(me, target, PREFIX, self.workspace, Diff(changed=(FILE,)))
+        seconds = time.perf_counter() - started
+        publication.release(wait=True)  # no report follows here
+        return publication.ref, seconds
 
     def run(self, path: str, counted: bool, lease_store: CountingStore) -> None:
         """One publication on ``path``, done again if a janitor took its staging branch.

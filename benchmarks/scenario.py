@@ -96,7 +96,7 @@ def _publish(
     started = time.perf_counter()
     diff = compute_diff(manifest, root)
     diffed = time.perf_counter()
-    ref = publisher.publish(me, WorkspaceTarget(repo, branch, input_ref), prefix, root, diff)
+    ref = publisher.publish(me, WorkspaceTarget(repo, branch, input_ref), prefix, root, diff).ref
     done = time.perf_counter()
     return {
         "seconds": done - started,

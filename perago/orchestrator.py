@@ -8,10 +8,7 @@ The worker, the runner, the fences and the janitor talk to these types only;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from perago.coord.branch_leases import HeldLease
+from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "IN_PROGRESS",
@@ -77,9 +74,6 @@ class Outcome:
     status: Status
     output: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
-    #: The branch lease a COMPLETED publication still holds (model-check finding F3): the
-    #: worker reports under it, then releases it.
-    lease: HeldLease | None = field(default=None, compare=False, repr=False)
 
 
 class AttemptLedger(Protocol):

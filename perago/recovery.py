@@ -30,29 +30,12 @@ import structlog
 
 from perago.errors import PeragoError
 from perago.orchestrator import IN_PROGRESS, Orchestrator, Outcome, TaskSnapshot
+from perago.processes import is_running, process_start
 
 __all__ = ["AttemptRecord", "AttemptRecords", "recover"]
 
 log = structlog.get_logger("perago.recovery")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-
-
-def _process_started(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (Linux ``/proc``), None if not running; "" where
-    the platform cannot say (then a live pid counts as the owner)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, someone else's
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    # Field 22 (starttime), counted after the command name, which may hold spaces.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else ""
 
 
 @dataclass(frozen=True)
@@ -68,8 +51,7 @@ class AttemptRecord:
     started: str  # the owning process's start time ("" when unknown)
 
     def owner_alive(self) -> bool:
-        now = _process_started(self.pid)
-        return now is not None and (not self.started or not now or now == self.started)
+        return is_running(self.pid, self.started)
 
 
 class AttemptRecords:
@@ -92,7 +74,7 @@ class AttemptRecords:
             task_type=task.task_type,
             worker_id=worker_id,
             pid=pid,
-            started=_process_started(pid) or "",
+            started=process_start(pid) or "",
         )
         path = self._path(task.task_id, task.poll_count)
         tmp = path.with_suffix(".tmp")

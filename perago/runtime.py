@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -35,7 +35,7 @@ from perago.failure_text import describe
 from perago.lakefs_names import wap_branch_name
 from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
-from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
 from perago.publish.joins import check_contains, unpinned_input_ref
 from perago.spark import spark_tag
@@ -55,6 +55,7 @@ from perago.workspace import (
 __all__ = [
     "SHUTDOWN",
     "AttemptRunner",
+    "Finished",
     "Outcome",
     "WorkspaceInput",
     "check_result",
@@ -66,6 +67,20 @@ SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupte
 
 #: Events carry the attempt's context from structlog's contextvars (RunningAttempt.logging).
 log = structlog.get_logger("perago.attempt")
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How an attempt ended: its outcome and, after a publication, the branch lease that
+    guarded it, still held: the worker reports COMPLETED under it, then releases it
+    (docs/model-check.md, finding F3). The orchestrator only ever sees the outcome."""
+
+    outcome: Outcome
+    lease: HeldLease | None = None
+
+    def release(self) -> None:
+        """Give the lease back now (a caller that reports nothing)."""
+        Publication("", self.lease).release(wait=True)
 
 
 def _validation_summary(e: ValidationError) -> str:
@@ -176,15 +191,18 @@ class AttemptRunner:
         task: TaskSnapshot,
         *,
         after_report: contextlib.ExitStack | None = None,
-    ) -> Outcome:
-        """The attempt's outcome. With ``after_report``, removing the attempt directory is
+    ) -> Finished:
+        """How the attempt ended. With ``after_report``, removing the attempt directory is
         left on it, for the worker to close once the outcome is reported: deleting thousands
         of files is not part of the task's duration (a crash in between leaves the attempt
-        record, whose recovery removes the directory). Without it, removed before returning.
+        record, whose recovery removes the directory). Without it, removed before returning,
+        and the publication's lease is released (nobody reports under it).
         """
         if after_report is None:
             with contextlib.ExitStack() as cleanup:
-                return self.run(defn, task, after_report=cleanup)
+                finished = self.run(defn, task, after_report=cleanup)
+                finished.release()
+                return Finished(finished.outcome)
         attempt = RunningAttempt.start(
             defn, task, cluster_id=self._settings.cluster_id, after_report=after_report
         )
@@ -201,13 +219,15 @@ class AttemptRunner:
                     attempt.identity = replace(me, step_key=key, lineage_retries=retries)
             except GuardrailError as e:
                 log.warning("pre_guardrails_failed", reason=e.message)
-                return outcome_of(e, where="pre-guardrail")
+                return Finished(outcome_of(e, where="pre-guardrail"))
             except PeragoError as e:
                 log.warning("pre_guardrails_unavailable", reason=e.message)
-                return outcome_of(e, where="pre-guardrail (store or Conductor unavailable)")
+                where = "pre-guardrail (store or Conductor unavailable)"
+                return Finished(outcome_of(e, where=where))
             with attempt.logging():
                 log.info("pre_guardrails_passed", read_only=defn.workspace.read_only)
-                outcome = self._run_checked(attempt)
+                finished = self._run_checked(attempt)
+                outcome = finished.outcome
                 log.info(
                     "attempt_finished",
                     status=outcome.status,
@@ -215,7 +235,7 @@ class AttemptRunner:
                     ref=outcome.output.get("workspace", {}).get("ref"),
                     seconds=round(time.monotonic() - started, 3),
                 )
-                return outcome
+                return finished
 
     def _pre_guardrails(
         self, defn: TaskDefinition[Any, Any], raw: dict[str, Any], me: AttemptIdentity
@@ -270,7 +290,7 @@ class AttemptRunner:
                 ) from e
         return WorkspaceTarget(ws.repository, ws.branch, input_ref), params
 
-    def _run_checked(self, attempt: RunningAttempt) -> Outcome:
+    def _run_checked(self, attempt: RunningAttempt) -> Finished:
         try:
             if attempt.defn.system:
                 return self._run_system(attempt)
@@ -279,15 +299,15 @@ class AttemptRunner:
             return self._run_local(attempt)
         except WorkerShutdown as e:
             log.warning("attempt_interrupted", step=attempt.step)
-            return outcome_of(e, where=attempt.step)
+            return Finished(outcome_of(e, where=attempt.step))
         except LeaseLostError as e:
             log.warning("lease_lost", step=attempt.step, reason=str(e))
-            return outcome_of(e, where=attempt.step)
+            return Finished(outcome_of(e, where=attempt.step))
         except TaskError as e:
             log.warning(
                 "task_error", step=attempt.step, reason=e.message, non_retryable=e.non_retryable
             )
-            return outcome_of(e, where=attempt.step)
+            return Finished(outcome_of(e, where=attempt.step))
         except Exception as caught:  # noqa: BLE001 - any failure of user code or I/O fails it
             failure = hopeless(caught, pinned=attempt.pinned)
             if isinstance(failure, AttemptFenceError):
@@ -300,9 +320,9 @@ class AttemptRunner:
                 error=describe(caught),
                 terminal=failure is not caught,
             )
-            return outcome_of(failure, where=attempt.step)
+            return Finished(outcome_of(failure, where=attempt.step))
 
-    def _run_system(self, attempt: RunningAttempt) -> Outcome:
+    def _run_system(self, attempt: RunningAttempt) -> Finished:
         """The write-audit-publish tasks (``perago.wap``): branch work, no body."""
         from perago import wap
 
@@ -320,7 +340,9 @@ class AttemptRunner:
                 target_branch=source.branch, base=source.input_ref, wap_branch=branch
             )
             return self._completed(
-                WorkspaceTarget(repo, branch, source.input_ref), source.input_ref, result
+                WorkspaceTarget(repo, branch, source.input_ref),
+                Publication(source.input_ref),
+                result,
             )
         params = attempt.params
         assert isinstance(params, wap.PublishParams)
@@ -335,8 +357,7 @@ class AttemptRunner:
         target = WorkspaceTarget(repo, params.target_branch, params.base)
         wap_target = replace(me, scope="")  # the whole branch: exclusive, like a serial step
         try:
-            with self._publisher.lease_for_report() as kept:
-                ref = self._publisher.publish_branch(wap_target, target, source.input_ref)
+            publication = self._publisher.publish_branch(wap_target, target, source.input_ref)
         except PublishFenceError as e:
             raise PublishFenceError(
                 f"write-audit-publish: {e.message}. The target {params.target_branch!r} moved "
@@ -345,15 +366,22 @@ class AttemptRunner:
                 non_retryable=True,
             ) from e
         keep = self._settings.wap_keep_branch
-        if not keep:
-            with contextlib.suppress(NotFoundError):
-                self._store.delete_branch(repo, source.branch)
-        log.info("wap_published", ref=ref, wap_branch=source.branch, kept=keep)
-        changes = len(self._store.diff_refs(repo, params.base, ref)) if ref != params.base else 0
+        ref = publication.ref
+        try:
+            if not keep:
+                with contextlib.suppress(NotFoundError):
+                    self._store.delete_branch(repo, source.branch)
+            log.info("wap_published", ref=ref, wap_branch=source.branch, kept=keep)
+            changes = (
+                len(self._store.diff_refs(repo, params.base, ref)) if ref != params.base else 0
+            )
+        except BaseException:
+            publication.release()  # no report will be made under it
+            raise
         done = wap.PublishResult(
             published=ref != params.base, changes=changes, wap_branch_kept=keep
         )
-        return self._completed(target, ref, done, kept.lease)
+        return self._completed(target, publication, done)
 
     def _refuse_projection_on_a_cluster(self, attempt: RunningAttempt) -> None:
         """A local-projection Spark task hands executors paths on this worker's disk: only
@@ -375,7 +403,7 @@ class AttemptRunner:
             non_retryable=True,
         )
 
-    def _run_local(self, attempt: RunningAttempt) -> Outcome:
+    def _run_local(self, attempt: RunningAttempt) -> Finished:
         """Local projection: download the prefix, run, diff, stage, publish."""
         self._refuse_projection_on_a_cluster(attempt)
         attempt.step = Phase.MATERIALIZE
@@ -401,7 +429,7 @@ class AttemptRunner:
         checked = self._body_and_checks(attempt, attempt_dir.workspace)
         if attempt.defn.workspace.read_only:
             log.info("read_only_completed", ref=target.input_ref)
-            return self._completed(target, target.input_ref, checked)
+            return self._completed(target, Publication(target.input_ref), checked)
         attempt.step = Phase.DIFF
         diff = compute_diff(manifest, attempt_dir.workspace)
         log.info("diffed", **diff.summary())
@@ -413,11 +441,10 @@ class AttemptRunner:
             log.info("only_renamed_same_bytes", renamed=len(diff.added))
             diff = Diff()  # the published tree would differ by file names alone
         attempt.step = Phase.PUBLISH
-        with self._publisher.lease_for_report() as kept:
-            ref = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
-        return self._completed(target, ref, checked, kept.lease)
+        publication = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
+        return self._completed(target, publication, checked)
 
-    def _run_in_place(self, attempt: RunningAttempt) -> Outcome:
+    def _run_in_place(self, attempt: RunningAttempt) -> Finished:
         """In place: the body reads the input ref and writes the staging branch over S3."""
         attempt.step = Phase.STAGE
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
@@ -438,9 +465,8 @@ class AttemptRunner:
             raise
         attempt.step = Phase.PUBLISH
         # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
-        with self._publisher.lease_for_report() as kept:
-            ref = self._publisher.publish_in_place(me, target, prefix=prefix)
-        return self._completed(target, ref, checked, kept.lease)
+        publication = self._publisher.publish_in_place(me, target, prefix=prefix)
+        return self._completed(target, publication, checked)
 
     def _body_and_checks(self, attempt: RunningAttempt, workspace: Any) -> BaseModel:
         attempt.step = Phase.BODY
@@ -477,20 +503,20 @@ class AttemptRunner:
 
     @staticmethod
     def _completed(
-        target: WorkspaceTarget, ref: str, result: BaseModel, lease: HeldLease | None = None
-    ) -> Outcome:
-        return Outcome(
+        target: WorkspaceTarget, publication: Publication, result: BaseModel
+    ) -> Finished:
+        outcome = Outcome(
             "COMPLETED",
             output={
                 "workspace": {
                     "repository": target.repository,
                     "branch": target.branch,
-                    "ref": ref,
+                    "ref": publication.ref,
                 },
                 "result": result.model_dump(mode="json"),
             },
-            lease=lease,
         )
+        return Finished(outcome, publication.lease)
 
 
 def check_result(defn: TaskDefinition[Any, Any], result: Any) -> BaseModel:

@@ -30,7 +30,7 @@ from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.publish.transaction import release_lease
 from perago.recovery import AttemptRecords, recover
 from perago.report import Landing, TaskUpdates, under_lease
-from perago.runtime import AttemptRunner, outcome_of
+from perago.runtime import AttemptRunner, Finished, outcome_of
 from perago.steps import Boundary
 from perago.store import VersionStore
 from perago.task import TaskDefinition
@@ -140,6 +140,8 @@ class Worker:
             self._poll_loop()
         finally:
             self._drain()
+            if self._runner.cache is not None:
+                self._runner.cache.close()  # its files are vouched for by this process only
             if http is not None:
                 http.stop()
         log.info("worker_stopped", worker_id=self._settings.worker_id)
@@ -270,11 +272,11 @@ class Worker:
         after_report = contextlib.ExitStack()
         try:
             try:
-                outcome = self._runner.run(
+                finished = self._runner.run(
                     self._tasks[snapshot.task_type], snapshot, after_report=after_report
                 )
             except WorkerShutdown as e:
-                outcome = outcome_of(e, where="run")
+                finished = Finished(outcome_of(e, where="run"))
             except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
                 log.error(
                     "attempt_crashed",
@@ -284,15 +286,17 @@ class Worker:
                     traceback=bounded_traceback(e),
                 )
                 metrics.REPORT_PROBLEMS.labels("runner_crashed").inc()
-                outcome = outcome_of(
-                    e,
-                    where="internal error in the worker",
-                    advice="report it to the Perago maintainers (Conductor retries the task)",
+                finished = Finished(
+                    outcome_of(
+                        e,
+                        where="internal error in the worker",
+                        advice="report it to the Perago maintainers (Conductor retries the task)",
+                    )
                 )
             stop_extending.set()
-            metrics.ATTEMPTS.labels(snapshot.task_type, outcome.status).inc()
+            metrics.ATTEMPTS.labels(snapshot.task_type, finished.outcome.status).inc()
             step = "report"
-            self._report(snapshot, outcome, updates)
+            self._report(snapshot, finished, updates)
             step = "after report"
             after_report.close()
             self._records.remove(record)
@@ -339,14 +343,16 @@ class Worker:
                     "response_timeout_extension_failed", task_id=snapshot.task_id, error=e.message
                 )
 
-    def _report(self, snapshot: TaskSnapshot, outcome: Outcome, updates: TaskUpdates) -> None:
+    def _report(self, snapshot: TaskSnapshot, finished: Finished, updates: TaskUpdates) -> None:
+        """Report the outcome; COMPLETED under the publication's branch lease, if it holds
+        one, which is released right after (finding F3, docs/model-check.md)."""
+        outcome, lease = finished.outcome, finished.lease
         fields = {
             "workflow_id": snapshot.workflow_id,
             "task_id": snapshot.task_id,
             "retry_count": snapshot.retry_count,
             "status": outcome.status,
         }
-        lease = outcome.lease
         worker_id = self._settings.worker_id
 
         def send() -> None:

@@ -8,12 +8,13 @@ from perago.publish.identity import (
     staging_branch_name,
     staging_prefix,
 )
-from perago.publish.transaction import Publisher
+from perago.publish.transaction import Publication, Publisher
 
 __all__ = [
     "AttemptIdentity",
     "AttemptLedger",
     "HeadDecision",
+    "Publication",
     "Publisher",
     "StagedReference",
     "WorkspaceTarget",

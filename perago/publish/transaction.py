@@ -45,7 +45,7 @@ from perago.steps import Boundary
 from perago.store import Commit, VersionStore
 from perago.workspace import ContentCache, Diff, upload_all
 
-__all__ = ["HISTORY_LIMIT", "Publisher", "ReportLease", "release_lease"]
+__all__ = ["HISTORY_LIMIT", "Publication", "Publisher", "release_lease"]
 
 #: Events carry the attempt's context (workflow id, task id, refs) from structlog's
 #: contextvars, bound once by the runner (perago.attempt.RunningAttempt.logging).
@@ -58,17 +58,23 @@ HISTORY_LIMIT = 500
 MERGE_TRIES = 4
 
 
-@dataclass
-class ReportLease:
-    """Filled with the branch lease of a completed publication, still held for the report."""
+@dataclass(frozen=True)
+class Publication:
+    """What a publication left: the ref the target branch holds for this attempt and, when
+    branch leases are configured, the lease that guarded it, still held.
 
+    The caller reports COMPLETED as a guarded write under ``lease`` and then releases it
+    (``docs/model-check.md``, finding F3): a delivery that lost the lease meanwhile (a
+    re-delivered task id took it) reports FAILED instead of a COMPLETED the branch may
+    contradict. Callers that report nothing call :meth:`release`.
+    """
+
+    ref: str
     lease: HeldLease | None = None
 
-
-#: Set by :meth:`Publisher.lease_for_report` around a publication (per attempt thread).
-_report_box: contextvars.ContextVar[ReportLease | None] = contextvars.ContextVar(
-    "perago_report_lease", default=None
-)
+    def release(self, *, wait: bool = False) -> None:
+        if self.lease is not None:
+            release_lease(self.lease, wait=wait)
 
 
 def release_lease(lease: HeldLease, *, wait: bool = False) -> None:
@@ -94,14 +100,14 @@ def release_lease(lease: HeldLease, *, wait: bool = False) -> None:
         failed(e)
 
 
-#: A diff at most this large takes the branch lease while it uploads (see
-#: :meth:`Publisher._lease_during_upload`): its upload holds the lease for tens of ms at most.
+#: A diff at most this large starts acquiring the branch lease while it uploads (see
+#: :meth:`Publisher._acquire_during_upload`): its upload holds the lease for tens of ms at most.
 EARLY_LEASE_MAX_FILES = 64
 EARLY_LEASE_MAX_BYTES = 4 * 1024 * 1024
 
 
-class _EarlyLease:
-    """A branch lease being taken on a thread of its own while the caller does other work.
+class _BackgroundAcquire:
+    """The branch lease being acquired on a thread of its own while the caller uploads.
 
     Exactly one of :meth:`take` (the caller now owns the lease) and :meth:`drop` (released
     once granted) gives it a home, so a lease taken for nothing is never left held.
@@ -155,12 +161,12 @@ class Publisher:
         prefix: str,
         workspace: Path,
         diff: Diff,
-    ) -> str:
-        """Fence, stage, fence, confirm; returns the ref the target branch now holds."""
+    ) -> Publication:
+        """Fence, stage, fence, confirm: the ref the target branch now holds for this attempt."""
         self._fence(me, 1)
         if diff.is_empty:
             return self._confirm_noop(me, target)
-        early = self._lease_during_upload(me, target, workspace, diff)
+        early = self._acquire_during_upload(me, target, workspace, diff)
         try:
             branch = self._stage(me, target, prefix, workspace, diff)
             return self._commit_and_confirm(me, target, branch, early=early, **diff.summary())
@@ -169,10 +175,10 @@ class Publisher:
                 early.drop()
             self.cancel(target.repository, staging_branch_name(me))
 
-    def _lease_during_upload(
+    def _acquire_during_upload(
         self, me: AttemptIdentity, target: WorkspaceTarget, workspace: Path, diff: Diff
-    ) -> _EarlyLease | None:
-        """For a small diff, start taking the branch lease while it uploads.
+    ) -> _BackgroundAcquire | None:
+        """For a small diff, start acquiring the branch lease while it uploads.
 
         Its round trips then cost no time of their own; a large upload would hold the lease
         (and keep fan-out siblings waiting) for as long as it takes, so it waits as before.
@@ -185,9 +191,11 @@ class Publisher:
             return None  # the upload reports it
         if size > EARLY_LEASE_MAX_BYTES:
             return None
-        return _EarlyLease(lambda: self._take_lease(me, target))
+        return _BackgroundAcquire(lambda: self._take_lease(me, target))
 
-    def publish_branch(self, me: AttemptIdentity, target: WorkspaceTarget, source: str) -> str:
+    def publish_branch(
+        self, me: AttemptIdentity, target: WorkspaceTarget, source: str
+    ) -> Publication:
         """Publish onto ``target`` everything ``source`` (a ref of a write-audit-publish
         branch) changed since the input ref, as one publication of this attempt: the change
         is staged on the attempt's own staging branch and goes through the same fences,
@@ -224,7 +232,7 @@ class Publisher:
         target: WorkspaceTarget,
         *,
         prefix: str = "",
-    ) -> str:
+    ) -> Publication:
         """Commit what the body wrote on the staging branch, then the same fences and Confirm.
 
         Only writes inside the task's ``prefix`` may be published: anything else on the staging
@@ -260,9 +268,9 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         branch: str,
-        early: _EarlyLease | None = None,
+        early: _BackgroundAcquire | None = None,
         **counts: int,
-    ) -> str:
+    ) -> Publication:
         """Under the branch lease: the staged commit, attempt fence 2, publish fence, Confirm."""
         with self._branch_lease(me, target, early) as lease:
             staged = self._commit_staging(me, target, branch, lease, **counts)
@@ -272,7 +280,7 @@ class Publisher:
             published = self._confirm(me, target, staged, lease)
             metrics.PUBLISH_SECONDS.labels("publish").observe(time.monotonic() - started)
             steps.reached(Boundary.AFTER_PUBLISH)
-            return published
+            return Publication(published, lease)
 
     # -- Try ---------------------------------------------------------------------------------
 
@@ -556,35 +564,20 @@ class Publisher:
             f"history before retrying ({problem})"
         )
 
-    def _confirm_noop(self, me: AttemptIdentity, target: WorkspaceTarget) -> str:
+    def _confirm_noop(self, me: AttemptIdentity, target: WorkspaceTarget) -> Publication:
         """An empty diff: complete on the input ref, or move an abandoned publication off it.
 
         An earlier attempt of the step that passed its fence #2 holds the branch lease until
         its merge is done, and may still merge after this attempt read the head (found by the
-        model check, docs/model-check.md). So the lease is read *before* the head: free, and
-        the head is the input ref, then nothing can land any more; held, and this attempt
-        waits for it (a dead holder's is taken over), re-runs the attempt fence and decides
-        under it.
+        model check, docs/model-check.md). So the decision is taken under the lease (a dead
+        holder's is taken over), after the attempt fence, and the lease stays held for the
+        report like any publication's.
         """
-        repo, branch = target.repository, target.branch
         if self._leases is None:
-            return self._noop_decision(me, target, None)
-        # Reporting under the lease (finding F3) leaves no shortcut: the report needs the lease.
-        if _report_box.get() is None and not self._leases.held(repo, branch):
-            head, history = self._read_head(target)
-            if head.id == target.input_ref:
-                log.info("noop_completed", ref=target.input_ref)
-                return target.input_ref
-            try:
-                beside = decide_publication(head, target.input_ref, me, history)
-            except PublishFenceError:
-                beside = None  # decided again under the lease, which fails it closed
-            if beside is HeadDecision.BESIDE:
-                log.info("noop_completed", ref=target.input_ref, head=head.id)
-                return target.input_ref
+            return Publication(self._noop_decision(me, target, None))
         with self._branch_lease(me, target) as lease:
             self._fence(me, 2)
-            return self._noop_decision(me, target, lease)
+            return Publication(self._noop_decision(me, target, lease), lease)
 
     def _noop_decision(
         self,
@@ -609,29 +602,12 @@ class Publisher:
         log.info("noop_relocated", ref=target.input_ref, replaced=head.id)
         return target.input_ref
 
-    @staticmethod
-    @contextlib.contextmanager
-    def lease_for_report() -> Iterator[ReportLease]:
-        """Publications inside keep the branch lease when they complete, for the report.
-
-        The caller reports COMPLETED as a guarded write under ``.lease`` and releases it after
-        the report (model-check finding F3): a delivery that lost the lease meanwhile (a
-        re-delivered task id took it) reports FAILED instead of a COMPLETED the branch may
-        contradict. The no-op path then always takes the lease, so its report is guarded too.
-        """
-        box = ReportLease()
-        token = _report_box.set(box)
-        try:
-            yield box
-        finally:
-            _report_box.reset(token)
-
     @contextlib.contextmanager
     def _branch_lease(
-        self, me: AttemptIdentity, target: WorkspaceTarget, early: _EarlyLease | None = None
+        self, me: AttemptIdentity, target: WorkspaceTarget, early: _BackgroundAcquire | None = None
     ) -> Iterator[HeldLease | None]:
-        """Hold the target branch's lease (if configured) from the staged commit to Confirm,
-        and on success on until the report (:meth:`take_report_lease`).
+        """Hold the target branch's lease (if configured) from the staged commit to Confirm;
+        released on failure, kept on success (the caller's :class:`Publication` holds it).
 
         Its fencing token goes into the staged commit (what a replacement installs) and the
         merge commit. A publisher killed while holding it delays the next one by the takeover
@@ -647,11 +623,6 @@ class Publisher:
         except BaseException:
             release_lease(lease)
             raise
-        box = _report_box.get()
-        if box is None:
-            release_lease(lease)
-            return
-        box.lease = lease
         log.info("branch_lease_kept_for_report", fencing_token=lease.token)
 
     def _take_lease(self, me: AttemptIdentity, target: WorkspaceTarget) -> HeldLease:

@@ -2,10 +2,11 @@
 
 An entry is keyed by what lakeFS says identifies an object's bytes: its checksum and its
 physical address (a merge or a branch shares the address; new bytes get a new address), and
-its size. Entries live under ``<cache_dir>/proc-<pid>-<random>/``, owned by this process and
-shared by all its attempts; directories of dead processes are removed on start, because
-nothing vouches for their files. The cache is bounded in bytes and evicts the least recently
-used entries.
+its size. Entries live under ``<cache_dir>/proc-<pid>-<start time>-<random>/``, owned by this
+process and shared by all its attempts; directories of processes that no longer run are
+removed on start, because nothing vouches for their files (the start time tells a restarted
+worker that got the same pid, PID 1 in a container, from the dead one), and on close. The
+cache is bounded in bytes and evicts the least recently used entries.
 
 Entries move, they are not copied: an attempt reading an object the cache holds gets the
 entry's file itself, which leaves the cache (:meth:`ContentCache.lend`); once the attempt is
@@ -22,12 +23,14 @@ in place, keep files open, or link them elsewhere:
   were known to be the object's (written by the download, borrowed, or read by the upload),
   that ctime is strictly older than a probe the filesystem stamped afterwards (racy-git's
   rule: ctime cannot be set back, and any later write stamps a newer one), it has a single
-  link, and a read lease proves that no process still holds it open for writing;
+  link, and the kernel's writer probe (a read lease, ``F_SETLEASE``, granted and dropped at
+  once) proves that no process still holds it open for writing;
 * entries are read-only and their ``(size, mtime, ctime, inode)`` is recorded when they are
   added; an entry whose stat differs when read (truncated, rewritten, replaced) is dropped
   and the object downloaded instead;
-* where a rename cannot work (the cache on another filesystem) or leases are not available,
-  an attempt gets a copy (a reflink where the filesystem supports it) and adoption copies.
+* where a rename cannot work (the cache on another filesystem) or the writer probe is not
+  available, an attempt gets a copy (a reflink where the filesystem supports it) and
+  adoption copies.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from pathlib import Path
 import structlog
 
 from perago import metrics
+from perago.processes import is_running, process_start
 
 __all__ = ["ContentCache", "clone_file", "write_new"]
 
@@ -171,9 +175,9 @@ def _no_writer(fd: int) -> bool:
     return True
 
 
-def _leases_work(directory: Path) -> bool:
-    """True if this filesystem grants file leases (some network filesystems do not)."""
-    fd, probe = tempfile.mkstemp(dir=directory, prefix=".lease-")
+def _writer_probe_works(directory: Path) -> bool:
+    """True if this filesystem can run :func:`_no_writer` (some network filesystems cannot)."""
+    fd, probe = tempfile.mkstemp(dir=directory, prefix=".probe-")
     os.close(fd)
     try:
         fd = os.open(probe, os.O_RDONLY | os.O_CLOEXEC)
@@ -185,14 +189,21 @@ def _leases_work(directory: Path) -> bool:
         os.unlink(probe)
 
 
-def _pid_alive(pid: int) -> bool:
+def _owner_runs(folder: str) -> bool:
+    """True if the process that made the cache folder named ``folder`` still runs.
+
+    ``proc-<pid>-<start time>-<random>``; an older name without the start time
+    (``proc-<pid>-<random>``) counts as running unless its pid is gone or is this process's
+    (which made no folder yet: so the pid was reused).
+    """
+    parts = folder.split("-")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        pid = int(parts[1])
+    except (IndexError, ValueError):
+        return True  # not ours to judge
+    if len(parts) == 4:
+        return is_running(pid, parts[2])
+    return pid != os.getpid() and process_start(pid) is not None
 
 
 class ContentCache:
@@ -201,23 +212,23 @@ class ContentCache:
     def __init__(self, directory: Path, *, max_bytes: int) -> None:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._sweep_dead(directory)
-        self.root = directory / f"proc-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        pid = os.getpid()
+        started = process_start(pid) or "0"
+        self.root = directory / f"proc-{pid}-{started}-{uuid.uuid4().hex[:8]}"
         self.root.mkdir(mode=0o700)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
         self._vouchers: dict[Path, dict[str, _Voucher]] = {}
-        self._leases = _leases_work(self.root)
+        self._closed = False
+        self._can_probe_writers = _writer_probe_works(self.root)
 
     @staticmethod
     def _sweep_dead(directory: Path) -> None:
         for child in directory.glob("proc-*"):
-            try:
-                pid = int(child.name.split("-")[1])
-            except (IndexError, ValueError):
-                continue
-            if not _pid_alive(pid):
+            if not _owner_runs(child.name):
+                log.info("cache_folder_swept", folder=child.name)
                 shutil.rmtree(child, ignore_errors=True)
 
     @property
@@ -230,7 +241,9 @@ class ContentCache:
             return len(self._entries)
 
     def close(self) -> None:
+        """Drop every entry and the process's folder; later adoptions take nothing."""
         with self._lock:
+            self._closed = True
             self._entries.clear()
             self._vouchers.clear()
             self._bytes = 0
@@ -283,7 +296,7 @@ class ContentCache:
 
     def can_lend(self, root: Path) -> bool:
         """True if entries can move into (and back from) files under ``root`` by rename."""
-        return self._leases and os.stat(root).st_dev == os.stat(self.root).st_dev
+        return self._can_probe_writers and os.stat(root).st_dev == os.stat(self.root).st_dev
 
     def lend(self, key: str, dest: Path) -> os.stat_result | None:
         """Move the entry's file to ``dest`` (writable, as a download is); its stat, or None.
@@ -360,6 +373,8 @@ class ContentCache:
         """
         with self._lock:
             vouchers = self._vouchers.pop(root, {})
+            if self._closed:
+                return 0
         lend = bool(vouchers) and self.can_lend(root)
         taken = 0
         for relative, v in vouchers.items():
@@ -393,7 +408,7 @@ class ContentCache:
             finally:
                 os.close(fd)
             # rename and chmod change the ctime, not the mtime: a write between the proof
-            # above and the rename shows in the mtime; a writer still holding it, in the lease
+            # above and the rename shows in the mtime; a writer still holding it, in the probe
             same = (now.st_size, now.st_ino, now.st_mtime_ns, now.st_nlink) == (
                 v.size,
                 v.ino,

@@ -22,7 +22,7 @@ def _in_place(store: LakeFSStore, repo: str, prefix: str, paths: list[str]) -> s
     staging = publisher.open_in_place(me, target)
     for path in paths:
         store.upload_bytes(repo, staging, path, b"x")
-    return publisher.publish_in_place(me, target, prefix=prefix)
+    return publisher.publish_in_place(me, target, prefix=prefix).ref
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,7 @@ def test_bytes_go_straight_to_object_storage_both_ways(s3: S3Stack, tmp_path: Pa
     base = store.branch_head("presign-both", "main")
     ref = publisher.publish(
         me, WorkspaceTarget("presign-both", "main", base), "data/", out, Diff(added=tuple(files))
-    )
+    ).ref
     assert cache.adopt(out) == len(files)  # as the worker does once the attempt is reported
     lakefs_host = s3.lakefs_endpoint
     puts = [u for m, u in store.requests if m == "PUT" and u.startswith(s3.s3_endpoint)]

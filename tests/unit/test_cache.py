@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from perago.testing import MemoryStore
 from perago.workspace import ContentCache, materialize, upload_all
-from perago.workspace.cache import clone_file
+from perago.workspace.cache import _owner_runs, clone_file
 from tests.clock import tick_past
 
 REPO = "r"
@@ -279,14 +280,35 @@ def test_clone_file_copies_into_a_separate_inode(tmp_path: Path) -> None:
     assert b.read_bytes() == a.read_bytes() and os.stat(a).st_ino != os.stat(b).st_ino
 
 
-def test_directories_of_dead_processes_are_removed_at_start(tmp_path: Path) -> None:
-    dead = tmp_path / "cache" / "proc-999999999-deadbeef"
-    dead.mkdir(parents=True)
-    (dead / "x").write_bytes(b"stale")
-    alive = tmp_path / "cache" / f"proc-{os.getpid()}-cafebabe"
-    alive.mkdir()
-    cache = ContentCache(tmp_path / "cache", max_bytes=10)
-    assert not dead.exists() and alive.exists()
-    assert cache.root.parent == tmp_path / "cache"
+def test_folders_of_processes_that_no_longer_run_are_removed_at_start(tmp_path: Path) -> None:
+    """A folder is kept only while its own process runs: a pid alone is not enough, since a
+    worker restarted in a container is PID 1 again and its volume keeps the old folder."""
+    from perago.processes import process_start
+
+    folder = tmp_path / "cache"
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        started = process_start(other.pid)
+        assert started
+        names = {
+            "running": f"proc-{other.pid}-{started}-aaaaaaaa",
+            "reused pid": f"proc-{other.pid}-{int(started) - 1}-bbbbbbbb",
+            "dead": "proc-999999999-1-cccccccc",
+            "older name, running": f"proc-{other.pid}-dddddddd",
+            "older name, own pid": f"proc-{os.getpid()}-eeeeeeee",
+            "older name, dead": "proc-999999999-ffffffff",
+        }
+        for name in names.values():
+            (folder / name).mkdir(parents=True)
+            (folder / name / "x").write_bytes(b"stale")
+        cache = ContentCache(folder, max_bytes=10)
+        kept = {what for what, name in names.items() if (folder / name).exists()}
+        assert kept == {"running", "older name, running"}
+        assert cache.root.parent == folder and cache.root.exists()
+        # The next process to start finds this one's folder running, with its start time.
+        assert _owner_runs(cache.root.name)
+    finally:
+        other.kill()
+        other.wait()
     cache.close()
     assert not cache.root.exists()

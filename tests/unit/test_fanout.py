@@ -186,7 +186,7 @@ def _race(tmp_path: Path, a: AttemptIdentity, b: AttemptIdentity) -> tuple[Memor
         try:
             results[me.reference_name] = pub.publish(
                 me, target, me.scope or "", ws, Diff(added=("part.txt",))
-            )
+            ).ref
         except PublishFenceError as e:
             results[me.reference_name] = e
 
@@ -225,12 +225,12 @@ def test_a_serial_fan_out_publishes_beside_and_a_noop_completes_on_its_input_ref
         ws.mkdir()
         (ws / "part.txt").write_text(me.reference_name)
         pub = Publisher(store, StaticLedger(snap(me)), worker_id="w")
-        refs.append(pub.publish(me, target, me.scope or "", ws, Diff(added=("part.txt",))))
+        refs.append(pub.publish(me, target, me.scope or "", ws, Diff(added=("part.txt",))).ref)
     head = store.get_commit("r", "main")
     assert refs[1] == head.id and head.parents[0] == refs[0]
     noop = ident("noop", "c/")
     pub = Publisher(store, StaticLedger(snap(noop)), worker_id="w")
-    assert pub.publish(noop, target, "c/", tmp_path, Diff()) == base
+    assert pub.publish(noop, target, "c/", tmp_path, Diff()).ref == base
     assert store.branch_head("r", "main") == head.id
     with pytest.raises(PublishFenceError, match=r"step 'right' .scope 'a/r/'.* overlapping"):
         wide = ident("wide", "a/")
@@ -268,7 +268,7 @@ def _publish_part(
         (ws / name).write_text(body)
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w")
     target = WorkspaceTarget("r", "main", base)
-    return pub.publish(me, target, me.scope or "", ws, Diff(added=tuple(files)))
+    return pub.publish(me, target, me.scope or "", ws, Diff(added=tuple(files))).ref
 
 
 @pytest.mark.parametrize("noop", [False, True], ids=["changed", "noop"])

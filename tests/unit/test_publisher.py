@@ -16,7 +16,7 @@ from perago.coord.lease import LeaseManager
 from perago.coord.memory import MemoryStore as CoordMemory
 from perago.errors import AttemptFenceError, PublishFenceError, StoreError
 from perago.orchestrator import TaskSnapshot
-from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.scope import SCOPE_MARKER_ROOT
 from perago.testing import MemoryStore, StaticLedger
 from perago.workspace import Diff
@@ -57,7 +57,7 @@ def _workspace(tmp_path: Path, name: str, text: str) -> tuple[Path, Diff]:
 
 def _publish(store: MemoryStore, me: AttemptIdentity, ws: Path, diff: Diff, input_ref: str) -> str:
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w")
-    return pub.publish(me, WorkspaceTarget("r", "main", input_ref), "data/", ws, diff)
+    return pub.publish(me, WorkspaceTarget("r", "main", input_ref), "data/", ws, diff).ref
 
 
 def test_first_publication_is_a_merge_on_the_input_ref(store: MemoryStore, tmp_path: Path) -> None:
@@ -183,8 +183,9 @@ def test_publications_carry_the_fencing_token_of_the_branch_lease(
     me = ident(task="t0")
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     ws, diff = _workspace(tmp_path, "a", "first")
-    merged = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff)
-    merge = store.get_commit("r", merged)
+    publication = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff)
+    publication.release(wait=True)
+    merge = store.get_commit("r", publication.ref)
     staged = store.get_commit("r", merge.parents[1])
     first = int(merge.metadata["perago.fencing_token"])
     assert first >= 1 and staged.metadata["perago.fencing_token"] == str(first)
@@ -192,8 +193,9 @@ def test_publications_carry_the_fencing_token_of_the_branch_lease(
     me2 = ident(task="t1", retry=1)
     pub2 = Publisher(store, StaticLedger(snap(me2)), worker_id="w", leases=leases)
     ws2, diff2 = _workspace(tmp_path, "b", "second")
-    out = pub2.publish(me2, WorkspaceTarget("r", "main", base), "data/", ws2, diff2)
-    assert int(store.get_commit("r", out).metadata["perago.fencing_token"]) > first
+    retry = pub2.publish(me2, WorkspaceTarget("r", "main", base), "data/", ws2, diff2)
+    retry.release(wait=True)
+    assert int(store.get_commit("r", retry.ref).metadata["perago.fencing_token"]) > first
     # Both released their lease: the next grant is free at once and higher still.
     grant = leases.acquire("r", "main", "someone-else")
     assert grant.token > first + 1
@@ -282,15 +284,14 @@ def test_a_noop_waits_for_a_lease_an_earlier_attempt_holds(
     empty.mkdir()
     me = ident(task="t1", retry=1)
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
-    # Free lease, head on the input ref: completes at once and writes no lease record.
-    assert pub.publish(me, target, "data/", empty, Diff()) == base
-    assert leases.manager("r").records() == []
     # The first attempt holds the lease (between its fence #2 and its merge).
     held = leases.acquire("r", "main", "t0-p1")
     with pytest.raises(LeaseBusyError):
         pub.publish(me, target, "data/", empty, Diff())
     held.release()
-    assert pub.publish(me, target, "data/", empty, Diff()) == base
+    noop = pub.publish(me, target, "data/", empty, Diff())
+    assert noop.ref == base and noop.lease is not None
+    noop.release(wait=True)
 
 
 def test_materialize_skips_folder_markers_and_refuses_unsafe_names(tmp_path: Path) -> None:
@@ -328,34 +329,35 @@ def test_a_cluster_id_names_the_staging_branches_apart() -> None:
         config.load(env={"PERAGO_CLUSTER_ID": "blue-stg"})
 
 
-def test_for_the_report_a_publication_and_a_no_op_keep_the_branch_lease(
+def test_a_publication_and_a_no_op_hand_over_the_branch_lease_for_the_report(
     store: MemoryStore, tmp_path: Path
 ) -> None:
-    """Finding F3's fix: inside ``lease_for_report`` the lease outlives the publication (the
-    worker reports under it); the no-op path takes it too, though it is free and the head is
-    the input ref; a failed publication releases it."""
+    """Finding F3's fix: the lease outlives the publication (the worker reports under it and
+    then releases it); the no-op path takes it too, though it is free and the head is the
+    input ref; a failed publication releases it."""
     leases = _leases([0.0])
     base = store.branch_head("r", "main")
     me = ident(task="t0")
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     ws, diff = _workspace(tmp_path, "a", "first")
-    with pub.lease_for_report() as kept:
-        merged = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff)
-    assert kept.lease is not None and leases.held("r", "main")
-    kept.lease.release()
+    first = pub.publish(me, WorkspaceTarget("r", "main", base), "data/", ws, diff)
+    assert first.lease is not None and leases.held("r", "main")
+    first.release(wait=True)
+    assert not leases.held("r", "main")
     me2 = ident(wf="wf2", task="n0")
     noop = Publisher(store, StaticLedger(snap(me2)), worker_id="w", leases=leases)
-    with noop.lease_for_report() as kept2:
-        out = noop.publish(me2, WorkspaceTarget("r", "main", merged), "data/", ws, Diff())
-    assert out == merged and kept2.lease is not None and leases.held("r", "main")
-    kept2.lease.release()
+    out = noop.publish(me2, WorkspaceTarget("r", "main", first.ref), "data/", ws, Diff())
+    assert out.ref == first.ref and out.lease is not None and leases.held("r", "main")
+    out.release(wait=True)
     stale = Publisher(store, StaticLedger(snap(me, "TIMED_OUT")), worker_id="w", leases=leases)
-    with stale.lease_for_report() as kept3, pytest.raises(AttemptFenceError):
-        stale.publish(me, WorkspaceTarget("r", "main", merged), "data/", ws, diff)
-    assert kept3.lease is None and not leases.held("r", "main")
-    # Outside lease_for_report nothing changes: released at once, the no-op shortcut stays.
-    noop.publish(me2, WorkspaceTarget("r", "main", merged), "data/", ws, Diff())
+    with pytest.raises(AttemptFenceError):
+        stale.publish(me, WorkspaceTarget("r", "main", first.ref), "data/", ws, diff)
     assert not leases.held("r", "main")
+    # Without leases a publication holds none.
+    bare = Publisher(store, StaticLedger(snap(me2)), worker_id="w")
+    assert bare.publish(me2, WorkspaceTarget("r", "main", first.ref), "data/", ws, Diff()) == (
+        Publication(first.ref)
+    )
 
 
 class _UploadWatcher(MemoryStore):
@@ -393,9 +395,11 @@ def test_a_small_diff_takes_the_branch_lease_while_it_uploads(tmp_path: Path) ->
     me = ident(task="small")
     pub = Publisher(store, StaticLedger(snap(me)), worker_id="w", leases=leases)
     ws, diff = _workspace(tmp_path, "small", "x")
-    out = pub.publish(
+    small = pub.publish(
         me, WorkspaceTarget("r", "main", store.branch_head("r", "main")), "d/", ws, diff
     )
+    small.release(wait=True)
+    out = small.ref
     assert store.held_at_upload == [True]
     assert "perago.fencing_token" in store.get_commit("r", out).metadata
     assert not leases.held("r", "main")
@@ -404,7 +408,9 @@ def test_a_small_diff_takes_the_branch_lease_while_it_uploads(tmp_path: Path) ->
     (big / "out.bin").write_bytes(b"\0" * (EARLY_LEASE_MAX_BYTES + 1))
     me2 = ident(wf="wf2", task="big")
     pub2 = Publisher(store, StaticLedger(snap(me2)), worker_id="w", leases=leases)
-    pub2.publish(me2, WorkspaceTarget("r", "main", out), "e/", big, Diff(added=("out.bin",)))
+    pub2.publish(
+        me2, WorkspaceTarget("r", "main", out), "e/", big, Diff(added=("out.bin",))
+    ).release(wait=True)
     assert store.held_at_upload == [True, False]
 
 

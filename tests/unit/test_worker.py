@@ -400,7 +400,7 @@ def test_the_cache_adopts_an_attempts_files_after_its_report(tmp_path: Path) -> 
     store.upload_bytes("repo", "main", "data/in.txt", b"input")
     store.commit("repo", "main", message="seed", metadata={})
     stub = StubOrchestrator(gate_timeout=20)
-    with running(stub, store, tmp_path, concurrency=1, cache_dir=tmp_path / "cache"):
+    with running(stub, store, tmp_path, concurrency=1, cache_dir=tmp_path / "cache") as worker:
         for _ in range(2):
             assert settle(stub, step(stub, task_type="reader")).status == "COMPLETED"
         assert store.downloads == ["data/in.txt"]  # the second read borrowed it
@@ -409,9 +409,11 @@ def test_the_cache_adopts_an_attempts_files_after_its_report(tmp_path: Path) -> 
         assert settle(stub, step(stub, mode="write-settled", text="new")).status == "COMPLETED"
         assert settle(stub, step(stub, task_type="reader")).status == "COMPLETED"
         assert store.downloads == ["data/in.txt"]  # out.txt came from the writer's upload
-    entries = sorted(p.read_bytes() for p in tmp_path.glob("cache/proc-*/*"))  # all reported
-    assert entries == [b"input", b"new from retry 0"]  # scratch.txt, a body's write, is not
-    assert not [p for p in (tmp_path / "work").iterdir() if p.name != "attempts"]
+        stub.wait_for(lambda _: worker.in_flight() == 0)  # every attempt's adoption is done
+        entries = sorted(p.read_bytes() for p in tmp_path.glob("cache/proc-*/*"))
+        assert entries == [b"input", b"new from retry 0"]  # scratch.txt, a body's write, is not
+        assert not [p for p in (tmp_path / "work").iterdir() if p.name != "attempts"]
+    assert list((tmp_path / "cache").iterdir()) == []  # the stopped worker closed its cache
 
 
 def test_read_only_discards_writes_and_keeps_ref(
@@ -785,7 +787,7 @@ def test_the_runner_alone_maps_a_delivery_to_an_outcome(
     runner = AttemptRunner(store, stub, settings(tmp_path))
     stub.submit("writer", {"workspace": ws(), "params": {"mode": "raise"}}, workflow_id="wf")
     (delivery,) = stub.poll("writer", worker_id="w1", count=1)
-    outcome = runner.run(writer, delivery)
+    outcome = runner.run(writer, delivery).outcome
     assert outcome.status == "FAILED" and "the body failed" in outcome.reason
     assert stub.updates == []  # the runner decides; the worker reports
 

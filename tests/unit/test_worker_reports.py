@@ -11,8 +11,10 @@ import structlog
 from pydantic import BaseModel
 
 from perago import WorkspaceSpec, config, metrics, task
+from perago.coord.branch_leases import HeldLease
 from perago.errors import OrchestratorError, WorkerShutdown
 from perago.orchestrator import Outcome
+from perago.runtime import Finished
 from perago.testing import MemoryStore, StubOrchestrator
 from perago.worker import Worker
 
@@ -27,13 +29,14 @@ def _body(workspace: Path, params: _P) -> _P:
 
 
 class Runner:
-    def __init__(self, action: BaseException | Outcome) -> None:
+    def __init__(self, action: BaseException | Outcome, lease: HeldLease | None = None) -> None:
         self.action = action
+        self.lease = lease
 
-    def run(self, *args: Any, **kwargs: Any) -> Outcome:
+    def run(self, *args: Any, **kwargs: Any) -> Finished:
         if isinstance(self.action, BaseException):
             raise self.action
-        return self.action
+        return Finished(self.action, self.lease)
 
 
 def _attempt(conductor: StubOrchestrator, runner: Runner, tmp_path: Path) -> None:
@@ -132,7 +135,7 @@ def test_completed_is_reported_under_the_branch_lease_which_is_released_after(
     leases, _ = _branch_leases()
     held = leases.acquire("r", "main", "t0-p1")
     conductor = HolderWatchingStub(leases)
-    _attempt(conductor, Runner(Outcome("COMPLETED", lease=held)), tmp_path)
+    _attempt(conductor, Runner(Outcome("COMPLETED"), held), tmp_path)
     assert [u.outcome.status for u in conductor.reports() if u.outcome] == ["COMPLETED"]
     assert [h.owner if h else None for h in conductor.holders] == ["t0-p1"]
     assert not leases.held("r", "main")  # released after the report
@@ -151,7 +154,7 @@ def test_a_delivery_that_lost_the_branch_lease_reports_failed_not_completed(
     before = _count("report_lease_lost")
     conductor = StubOrchestrator()
     with structlog.testing.capture_logs() as logs:
-        _attempt(conductor, Runner(Outcome("COMPLETED", lease=held)), tmp_path)
+        _attempt(conductor, Runner(Outcome("COMPLETED"), held), tmp_path)
     [report] = [u.outcome for u in conductor.reports() if u.outcome]
     assert report.status == "FAILED" and "branch lease was lost" in report.reason
     assert _count("report_lease_lost") == before + 1
