@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from perago import lakefs_names as names
 from perago.errors import TaskDefinitionError
-from perago.publish.scope import render_prefix, template_fields
+from perago.prefix_templates import render_prefix, template_fields
 
 __all__ = ["RemoteWorkspace", "TaskDefinition", "TaskOptions", "WorkspaceSpec", "task"]
 

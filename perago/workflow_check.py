@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from perago.errors import GuardrailError
 from perago.orchestrator import WorkflowStep
-from perago.publish.scope import render_prefix
+from perago.prefix_templates import render_prefix
 from perago.task import TaskDefinition
 
 __all__ = ["workflow_problems"]

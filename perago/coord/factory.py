@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from perago.coord.store import CoordStore
 from perago.errors import ConfigError
 
 if TYPE_CHECKING:
-    from perago.config import Settings
     from perago.coord.branch_leases import BranchLeases
     from perago.store import VersionStore
 
@@ -138,7 +137,20 @@ def build_store(
     return store
 
 
-def branch_leases(settings: Settings, lakefs: VersionStore | None) -> BranchLeases | None:
+class LeaseSettings(Protocol):
+    """The settings branch leases are built from (``perago.config.Settings`` has them)."""
+
+    @property
+    def coord_backend(self) -> str: ...
+    @property
+    def coord_options(self) -> Mapping[str, str]: ...
+    @property
+    def lease_ttl(self) -> timedelta: ...
+    @property
+    def max_clock_skew_rate(self) -> float: ...
+
+
+def branch_leases(settings: LeaseSettings, lakefs: VersionStore | None) -> BranchLeases | None:
     """The worker's branch leases, or None when ``PERAGO_COORD_BACKEND=none``.
 
     Options are checked now, so a misconfigured backend stops the worker at start-up; stores

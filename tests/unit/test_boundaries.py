@@ -125,3 +125,77 @@ def test_adapters_take_connection_values_and_nothing_leans_on_them() -> None:
     ) or "perago.adapters.lakefs" in {
         n.module for n in ast.walk(modules["wiring.py"]) if isinstance(n, ast.ImportFrom)
     }
+
+
+def _module_name(path: str) -> str:
+    parts = ["perago", *path.removesuffix(".py").split("/")]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _perago_imports(path: str, tree: ast.Module) -> set[str]:
+    """The perago modules a module imports anywhere: at load time, inside functions (a
+    deferred import is still a dependency) and under ``if TYPE_CHECKING``."""
+    known = {_module_name(p) for p, _ in _modules()}
+    here = _module_name(path)
+    package = here if path.endswith("__init__.py") else here.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for a in node.names:  # `from pkg import module` imports the module
+                names.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    return {n for n in names if n in known and n != here}
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Lower layers never import upper ones back, not even in a function or for a type (a
+    cycle works only by the accident of import order, and blurs which layer depends on
+    which). A package importing its own submodules is not a cycle."""
+    graph = {_module_name(p): _perago_imports(p, t) for p, t in _modules()}
+
+    def owns(a: str, b: str) -> bool:  # a package importing its own submodule
+        return b.startswith(a + ".")
+
+    cycles = set()
+    for start in graph:
+        stack = [(start, (start,))]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if owns(node, nxt):
+                    continue
+                if nxt == start:
+                    cycles.add(" -> ".join((*path, nxt)))
+                elif nxt not in path and len(path) < 8:
+                    stack.append((nxt, (*path, nxt)))
+    assert sorted(cycles) == []
+    assert "perago.publish" in graph["perago.runtime"], "the check reads imports"
+
+
+def test_import_perago_loads_only_the_task_api() -> None:
+    """A task module's `import perago` costs the task API alone: no publisher, cache,
+    coordination, logging or metrics stack (the worker loads those)."""
+    import subprocess
+    import sys
+
+    code = "import sys, perago; print(' '.join(sorted(sys.modules)))"
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], check=True, capture_output=True, text=True
+        ).stdout.split()
+    )
+    ours = {m for m in loaded if m == "perago" or m.startswith("perago.")}
+    assert ours == {
+        "perago",
+        "perago.context",
+        "perago.errors",
+        "perago.lakefs_names",
+        "perago.prefix_templates",
+        "perago.task",
+    }
+    assert not loaded & {"structlog", "prometheus_client", "boto3", "pyspark", "httpx"}

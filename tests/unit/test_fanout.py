@@ -12,10 +12,11 @@ from pydantic import BaseModel
 from perago.adapters.conductor import TaskSnapshot
 from perago.errors import ConflictError, GuardrailError, PublishFenceError, TaskDefinitionError
 from perago.lineage import ParentStep, ParentSteps, step_lineage
+from perago.prefix_templates import render_prefix, template_fields
 from perago.publish import AttemptIdentity, HeadDecision, Publisher, WorkspaceTarget
 from perago.publish import decide_publication as decide
 from perago.publish.joins import check_contains, unpinned_input_ref
-from perago.publish.scope import overlaps, render_prefix, scope_markers, template_fields
+from perago.publish.scope import overlaps, scope_markers
 from perago.store import Commit
 from perago.task import WorkspaceSpec, task
 from perago.testing import MemoryStore, StaticLedger
