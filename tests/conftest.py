@@ -32,12 +32,25 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name, raising=False)
 
 
+#: Names this test run (the controller's, inherited by pytest-xdist's worker processes).
+_RUN = os.environ.setdefault("PERAGO_TEST_RUN", uuid.uuid4().hex)
+
+
+def _started_marker() -> Path:
+    from perago.dev.paths import stack_paths
+
+    return stack_paths().run / "started-by-tests"
+
+
 @pytest.fixture(scope="session")
 def stack_env() -> Iterator[dict[str, str]]:
     """Environment variables that point at the running stack (started if needed).
 
-    A stack this session started is stopped at its end, so a CI run leaves no process
-    behind; a stack that was already running (`perago dev up`) is left alone.
+    Under pytest-xdist every worker process asks for the stack; the first starts it (``up`` is
+    idempotent and locked). A stack this run started is stopped when the run ends (the
+    controller's ``pytest_sessionfinish``), so a CI run leaves no process behind, unless
+    ``PERAGO_TEST_KEEP_STACK`` is set (``make test`` runs two phases on one stack); a stack
+    that was already running (``perago dev up``) is left alone.
     """
     if os.environ.get("PERAGO_TEST_STACK_FROM_ENV"):
         yield {k: os.environ[k] for k in _STACK_VARS}
@@ -51,12 +64,26 @@ def stack_env() -> Iterator[dict[str, str]]:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"the local stack is not available ({e}); run `perago dev up`")
-    yield info.env()
     if not was_running:
-        from perago.dev import spark_cluster
+        _started_marker().write_text(_RUN)
+    yield info.env()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the stack this run started, once every worker process is done."""
+    if hasattr(session.config, "workerinput") or os.environ.get("PERAGO_TEST_KEEP_STACK"):
+        return
+    try:
+        marker = _started_marker()
+        if not marker.exists() or marker.read_text() != _RUN:
+            return
+        from perago.dev import spark_cluster, stack
 
         spark_cluster.down()  # one a test started and could not stop (test_spark_cluster)
         stack.down()
+        marker.unlink(missing_ok=True)
+    except Exception as e:  # noqa: BLE001 - reported, never masks the run's result
+        print(f"\ncould not stop the local stack this test run started: {e}")
 
 
 @pytest.fixture(scope="session")

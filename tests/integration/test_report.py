@@ -1,8 +1,14 @@
-"""The final report against the real Conductor: overlapping updates lose it, Perago's land."""
+"""The final report against the real Conductor: Perago's land while extensions run.
+
+Conductor's task update is an unlocked read-modify-write, so an extension sent together with
+a COMPLETED can leave the task IN_PROGRESS although the COMPLETED was answered 200 (about one
+pair in four on the local server, docs/model-check.md, "serial-report"). That is the
+server's behaviour, not Perago's, so no test asserts it; this one asserts that Perago's
+serialized updates never lose a report to it.
+"""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,69 +16,10 @@ import pytest
 
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
-from perago.orchestrator import Outcome, TaskSnapshot
 
 from .harness import attempts, one_step, start, wait_workflow, worker
 
 pytestmark = pytest.mark.integration
-
-
-def test_an_extension_overlapping_completed_can_undo_it_on_the_server(
-    conductor: ConductorClient, unique: str
-) -> None:
-    """Conductor's update is an unlocked read-modify-write: an extension sent together with a
-    COMPLETED can leave the task IN_PROGRESS although the COMPLETED was answered 200. About
-    one pair in four does on the local server; the test stops at the first one."""
-    name = f"pt_overlap_{unique}"
-    conductor.register_task_defs(
-        [
-            {
-                "name": name,
-                "retryCount": 0,
-                "timeoutSeconds": 600,
-                "responseTimeoutSeconds": 600,
-                "ownerEmail": "perago@example.com",
-            }
-        ]
-    )
-    conductor.put_workflow_defs(
-        [
-            {
-                "name": name,
-                "version": 1,
-                "schemaVersion": 2,
-                "ownerEmail": "perago@example.com",
-                "tasks": [{"name": name, "taskReferenceName": "step", "type": "SIMPLE"}],
-            }
-        ]
-    )
-    statuses: list[str] = []
-    for _ in range(80):
-        conductor.start_workflow(name, {})
-        polled: list[TaskSnapshot] = []
-        while not polled:
-            polled = conductor.poll(name, worker_id="probe", count=1)
-        delivery = polled[0]
-        together = threading.Barrier(2)
-
-        def extend(
-            delivery: TaskSnapshot = delivery, together: threading.Barrier = together
-        ) -> None:
-            together.wait()
-            conductor.extend(delivery, worker_id="probe")
-
-        ext = threading.Thread(target=extend)
-        ext.start()
-        together.wait()
-        # answered 200, or this raises
-        conductor.report(delivery, Outcome("COMPLETED", {"done": True}), worker_id="probe")
-        ext.join()
-        task = conductor.get_task(delivery.task_id)
-        assert task is not None
-        statuses.append(task.status)
-        if task.status != "COMPLETED":
-            break
-    assert statuses[-1] == "IN_PROGRESS", f"every COMPLETED stood: {len(statuses)} tries"
 
 
 def test_the_final_report_lands_while_extensions_run_back_to_back(

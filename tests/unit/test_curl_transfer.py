@@ -25,6 +25,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     #: path -> statuses to answer before the 200 (consumed as requests arrive)
     script: ClassVar[dict[str, list[int]]] = {}
     delay: ClassVar[float] = 0.0
+    #: when set, every GET waits for it before answering (a server that hangs until told)
+    hold: ClassVar[threading.Event | None] = None
     hits: ClassVar[list[str]] = []
     ports: ClassVar[list[int]] = []
     lock = threading.Lock()
@@ -36,6 +38,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             queue = self.script.get(self.path, [])
             status = queue.pop(0) if queue else 200
         time.sleep(self.delay)
+        if self.hold is not None:
+            self.hold.wait(30)
         body = (f"error {status}" if status != 200 else f"bytes of {self.path}" * 50).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
@@ -64,9 +68,12 @@ class _Server(http.server.ThreadingHTTPServer):
 @pytest.fixture
 def server() -> Iterator[str]:
     _Handler.script, _Handler.delay, _Handler.hits, _Handler.ports = {}, 0.0, [], []
+    _Handler.hold = None
     srv = _Server(("127.0.0.1", 0), _Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
+    if _Handler.hold is not None:
+        _Handler.hold.set()
     srv.shutdown()
 
 
@@ -147,8 +154,8 @@ def test_a_transfer_raising_transient_error_is_retried(server: str) -> None:
 
 def test_the_drains_exception_stops_the_batch_at_once(server: str) -> None:
     # The worker's drain interrupts a thread with an asynchronous exception; the loop wakes
-    # every quarter second, so it is delivered long before the slow server answers.
-    _Handler.delay = 5.0
+    # every quarter second, so it is delivered while the server still holds every answer.
+    _Handler.hold = threading.Event()
     gets = [_Get(f"{server}/slow{i}") for i in range(10)]
     caught: list[BaseException] = []
 
@@ -166,7 +173,7 @@ def test_the_drains_exception_stops_the_batch_at_once(server: str) -> None:
     while not any(g.begins for g in gets):
         time.sleep(0.01)
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(Drain))
-    t.join(timeout=4)  # all ten would take 25 s; one response, 5 s
+    t.join(timeout=20)  # the server answers nothing until the test ends
     assert not t.is_alive()
     assert [type(e) for e in caught] == [Drain]
     started = [g for g in gets if g.begins]

@@ -1,16 +1,40 @@
-"""perago.workspace.transfer.run_parallel: every item once; a failure, or the drain's
-exception in the calling thread, starts nothing more."""
+"""perago.parallel.run_parallel: every item once; a failure, or the drain's exception in the
+calling thread, starts nothing more.
+
+No timing: the items that are not meant to finish block on a gate that opens only once
+``run_parallel`` has cancelled what had not started (``_GatedPool``), so how many items ran
+is decided by the pool's threads alone.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from perago import parallel
 from perago.errors import WorkerShutdown
 from perago.parallel import run_parallel
+
+
+class _GatedPool(ThreadPoolExecutor):
+    """The real pool; its shutdown opens ``gate`` after cancelling what has not started."""
+
+    gate = threading.Event()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False, cancel_futures=cancel_futures)
+        _GatedPool.gate.set()
+        super().shutdown(wait=wait)
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    _GatedPool.gate = threading.Event()
+    monkeypatch.setattr(parallel, "ThreadPoolExecutor", _GatedPool)
+    return _GatedPool.gate
 
 
 def test_every_item_runs_once_on_at_most_parallelism_threads() -> None:
@@ -26,29 +50,34 @@ def test_every_item_runs_once_on_at_most_parallelism_threads() -> None:
     assert 1 <= len(names) <= 3
 
 
-def test_the_first_failure_stops_the_rest_and_is_raised() -> None:
+def test_the_first_failure_stops_the_rest_and_is_raised(gate: threading.Event) -> None:
     started: list[int] = []
 
     def fn(item: int) -> None:
         started.append(item)
-        time.sleep(0.01)
-        if item == 3:
-            raise ValueError("item 3")
+        if item == 0:
+            raise ValueError("item 0")
+        assert gate.wait(10), "run_parallel never cancelled the rest"
 
-    with pytest.raises(ValueError, match="item 3"):
+    with pytest.raises(ValueError, match="item 0"):
         run_parallel(list(range(500)), fn, parallelism=4)
-    assert len(started) < 20  # the items after the failure were never started
+    # The 4 first items, and at most one more on the thread item 0 freed before the cancel.
+    assert len(started) <= 5 and set(started) >= {0, 1, 2, 3}
 
 
-def test_the_drains_exception_in_the_waiting_thread_cancels_what_has_not_started() -> None:
-    # The worker's drain raises WorkerShutdown in an attempt's thread (ctypes); a thread
-    # blocked in a plain wait would only see it once all 300 items (1.5 s) had run.
+def test_the_drains_exception_in_the_waiting_thread_cancels_what_has_not_started(
+    gate: threading.Event,
+) -> None:
+    # The worker's drain raises WorkerShutdown in an attempt's thread (ctypes) while every
+    # transfer thread is busy: the waiting thread must see it without waiting for them.
     started: list[int] = []
+    busy = threading.Semaphore(0)
     caught: list[BaseException] = []
 
     def fn(item: int) -> None:
         started.append(item)
-        time.sleep(0.01)
+        busy.release()
+        assert gate.wait(10), "run_parallel never cancelled the rest"
 
     def attempt() -> None:
         try:
@@ -58,14 +87,13 @@ def test_the_drains_exception_in_the_waiting_thread_cancels_what_has_not_started
 
     t = threading.Thread(target=attempt)
     t.start()
-    time.sleep(0.1)
+    for _ in range(2):
+        assert busy.acquire(timeout=10)  # both threads are inside an item
     assert t.ident is not None
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(t.ident), ctypes.py_object(WorkerShutdown)
     )
-    t.join(5)
+    t.join(10)
+    assert not t.is_alive()
     assert [type(e) for e in caught] == [WorkerShutdown]
-    assert len(started) < 150
-    count = len(started)
-    time.sleep(0.1)
-    assert len(started) == count  # nothing runs after run_parallel returned
+    assert sorted(started) == [0, 1]  # nothing started after the interrupt, nothing after return

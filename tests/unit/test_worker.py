@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from pydantic import BaseModel
 
 import perago
@@ -769,13 +770,38 @@ def test_an_extension_in_flight_never_undoes_the_final_report(
     assert [u.kind for u in stub.updates] == ["extend", "report"]
 
 
+class _FastWaits(threading.Event):
+    """The worker's drain event, recording each wait's timeout and waiting 10 ms at most."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        return super().wait(0.01 if timeout is None else min(timeout, 0.01))
+
+
 def test_a_failed_poll_backs_off_and_polls_again(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
 ) -> None:
-    stub.fail("poll")
-    with running(stub, store, tmp_path):
-        outcome = settle(stub, step(stub))
-    assert outcome.status == "COMPLETED"
+    """Each failed poll in a row doubles the wait before the next (1, 2, 4 s), and the first
+    poll that answers resets it."""
+    stub.fail("poll", times=3)
+    worker = Worker(TASKS, settings=settings(tmp_path), store=store, orchestrator=stub)
+    waits = worker._draining = _FastWaits()
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    with structlog.testing.capture_logs() as logs:
+        thread.start()
+        try:
+            assert settle(stub, step(stub)).status == "COMPLETED"
+        finally:
+            worker.stop()
+            thread.join(10)
+    retries = [e["retry_in"] for e in logs if e["event"] == "poll_failed"]
+    assert retries == [1.0, 2.0, 4.0]
+    backoffs = [t for t in waits.timeouts if t is not None and t >= 1.0]
+    assert backoffs == [1.0, 2.0, 4.0]  # waited each time, and not again once polls answered
 
 
 # -- the runner alone -------------------------------------------------------------------------
