@@ -63,9 +63,18 @@ unit: $(STAMP)
 integration: install
 	$(BIN)/pytest -q tests/integration
 
-## test: install, lint, typecheck, all tests (CI calls this)
+# Test processes beside each other (pytest-xdist): most tests wait on servers, not on CPU.
+TEST_WORKERS ?= 4
+
+## test: install, lint, typecheck, all tests (CI calls this). Two phases on one stack: the
+## isolated tests in TEST_WORKERS processes, then those marked `serial` (they restart the
+## stack or its servers, or start Spark clusters) alone.
 test: install lint typecheck
-	$(BIN)/pytest -q -ra --durations=25 tests
+	@run=$$($(BIN)/python -c 'import uuid; print(uuid.uuid4().hex)'); status=0; \
+	PERAGO_TEST_RUN=$$run PERAGO_TEST_KEEP_STACK=1 $(BIN)/pytest -q -ra --durations=25 \
+		-n $(TEST_WORKERS) --dist worksteal -m "not serial and not exhaustive" tests || status=$$?; \
+	PERAGO_TEST_RUN=$$run $(BIN)/pytest -q -ra --durations=10 -m "serial and not exhaustive" tests || status=$$?; \
+	exit $$status
 
 bench: install
 	$(BIN)/python -m benchmarks.run
@@ -77,8 +86,10 @@ soak: install
 		tests/integration/test_exclusion.py tests/integration/test_bad_input.py \
 		tests/integration/test_crash_suite.py
 
-## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step, and fan-out
+## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step, and fan-out,
+## then the model tests too large for `make test` (marked exhaustive)
 model-check: $(STAMP)
+	$(BIN)/pytest -q -ra -m exhaustive -n 2 tests/unit
 	$(BIN)/python -m model
 	$(BIN)/python -m model --retries 2 --extensions 0
 	$(BIN)/python -m model.fanout --no-traces

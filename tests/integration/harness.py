@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -57,8 +58,26 @@ def perago_cli(
 
 
 def register_tasks(env: dict[str, str], module: str = TASKS) -> None:
-    done = perago_cli(["register", module], env)
-    assert done.returncode == 0, done.stderr
+    """What `perago register MODULE` does, in this process: the module is executed afresh
+    under ``env`` (its task names carry the test's suffix), its tasks registered in Conductor.
+    `perago register` itself is tested as a command elsewhere (test_readme, test_cli_basics)."""
+    from perago import config
+    from perago.registry import register
+    from perago.task import TaskDefinition
+
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.loader is not None, module
+        fresh = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fresh)
+        settings = config.load(env=dict(os.environ))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    tasks = [v for v in vars(fresh).values() if isinstance(v, TaskDefinition)]
+    register(ConductorClient(settings), tasks)
 
 
 def simple_task(name: str, ref: str, workspace: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from .harness import (
     worker,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 @pytest.mark.parametrize("service", ["lakefs", "conductor"])

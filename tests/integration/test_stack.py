@@ -1,7 +1,7 @@
 """The local stack itself: both servers, the SDKs against them, Spark, and `perago dev`.
 
 Everything here runs against the real processes ``perago dev up`` starts; the last test stops
-the stack and starts it again, leaving it up for the modules that follow.
+the stack and starts it again (alone: it is marked ``serial``), leaving it up.
 """
 
 from __future__ import annotations
@@ -249,6 +249,7 @@ def _stack_processes(stack_dir: Path) -> list[str]:
     return found
 
 
+@pytest.mark.serial  # stops the stack every other test uses
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="checks processes through /proc")
 def test_zz_down_leaves_nothing_then_up_again(info: stack.StackInfo) -> None:
     """Runs last in this module; the stack is up again for the modules that follow."""
