@@ -146,10 +146,9 @@ class Settings(BaseSettings):
         ge=1,
         le=512,
         description="Uploads of files up to 1 MiB in flight at once (through lakeFS, driven by "
-        "libcurl from one thread, so many cost little). Each waits mostly on lakeFS (about "
-        "10 ms for 64 KiB on the local stack), so more in flight hide the wait: 1,000 x 64 "
-        "KiB staged in 0.53-0.68 s at 25, 0.30 s at 50, 0.23 s at 100 on 2 cores. Lower it "
-        "for a small lakeFS shared by many workers.",
+        "libcurl from one thread, so many cost little). Each waits mostly on lakeFS, so more "
+        "in flight hide the wait (docs/benchmarks.md). Lower it for a small lakeFS shared by "
+        "many workers.",
     )
     presign: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -2,8 +2,8 @@
 
 Conductor applies an update as read-modify-write without a lock: an extension that read the
 task before a COMPLETED landed writes IN_PROGRESS back over it, both answered 200, and the
-finished attempt times out and runs again (issue 14, confirmed on the real server by
-``tests/integration/test_report.py``). So the extensions and the final report of a task are
+finished attempt times out and runs again (seen on the real server; docs/model-check.md,
+"serial-report"). So the extensions and the final report of a task are
 serialized here, no extension starts once the final report has, and the final report is
 re-sent until a fresh read of the task shows it, or shows that Conductor moved on.
 """
@@ -119,7 +119,7 @@ def under_lease(
     """``send(timeout)`` as a guarded write under the branch lease (renewed first when half
     its ttl is gone), retried on transient errors while the lease holds, for ``patience``
     seconds (a Conductor restart). LeaseLostError: another delivery took the branch, so this
-    one must not report COMPLETED (model-check finding F3)."""
+    one must not report COMPLETED: the branch may contradict it (docs/model-check.md)."""
 
     def guarded_send() -> None:
         deadline = time.monotonic() + patience

@@ -73,7 +73,7 @@ log = structlog.get_logger("perago.attempt")
 class Finished:
     """How an attempt ended: its outcome and, after a publication, the branch lease that
     guarded it, still held: the worker reports COMPLETED under it, then releases it
-    (docs/model-check.md, finding F3). The orchestrator only ever sees the outcome."""
+    (docs/model-check.md, re-delivery). The orchestrator only ever sees the outcome."""
 
     outcome: Outcome
     lease: HeldLease | None = None

@@ -345,7 +345,8 @@ class Worker:
 
     def _report(self, snapshot: TaskSnapshot, finished: Finished, updates: TaskUpdates) -> None:
         """Report the outcome; COMPLETED under the publication's branch lease, if it holds
-        one, which is released right after (finding F3, docs/model-check.md)."""
+        one, which is released right after: a delivery that lost it must not report COMPLETED
+        (docs/model-check.md, re-delivery)."""
         outcome, lease = finished.outcome, finished.lease
         fields = {
             "workflow_id": snapshot.workflow_id,
@@ -371,7 +372,7 @@ class Worker:
                 landed = updates.report(outcome.status, send)
             except (LeaseLostError, LeaseExpiringError) as e:
                 # Another delivery of this task id holds the branch now: whatever this one
-                # published, its COMPLETED might contradict the branch (finding F3).
+                # published, its COMPLETED might contradict the branch.
                 metrics.REPORT_PROBLEMS.labels("report_lease_lost").inc()
                 log.warning("guarded_report_refused", error=str(e), **fields)
                 failed = Outcome(

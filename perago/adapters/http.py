@@ -2,9 +2,9 @@
 
 Moving many small objects is one request each, so the client's CPU per request sets the
 pace on a small machine. urllib3's pool manager costs about twice ``http.client``'s CPU per
-request (URL parsing, pool keys, response wrappers: 0.8 against 0.4 ms per 64 KiB upload in
-issue 15's profile), so the transfers use ``http.client`` connections directly, shared by
-all threads through one idle list per server. Metadata calls keep the generated SDK.
+request (URL parsing, pool keys, response wrappers; docs/benchmarks.md), so the transfers
+use ``http.client`` connections directly, shared by all threads through one idle list per
+server. Metadata calls keep the generated SDK.
 
 A connection is reused only after its response was read to the end, and only if the server
 has not closed it meanwhile (an idle keep-alive timeout: checked with a zero-timeout poll

@@ -628,7 +628,7 @@ class LakeFSStore:
         self, repository: str, ref: str, prefix: str, after: str, presign: bool = False
     ) -> dict[str, Any]:
         """One page of a listing as plain JSON: the generated models cost about 50 us per
-        object to build, more than the listing itself (issue 15's profile)."""
+        object to build, more than the listing itself (docs/benchmarks.md)."""
         what = f"list {repository}@{ref}/{prefix}"
         query = urlencode(
             {"prefix": prefix, "after": after, "amount": 1000, "presign": str(presign).lower()}

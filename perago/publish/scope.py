@@ -21,6 +21,7 @@ __all__ = [
 
 SCOPE_MARKER_ROOT = names.SCOPE_MARKER_ROOT
 
+
 def _segments(scope: str) -> tuple[str, ...]:
     return tuple(p for p in scope.split("/") if p)
 

@@ -64,7 +64,7 @@ class Publication:
     branch leases are configured, the lease that guarded it, still held.
 
     The caller reports COMPLETED as a guarded write under ``lease`` and then releases it
-    (``docs/model-check.md``, finding F3): a delivery that lost the lease meanwhile (a
+    (``docs/model-check.md``, re-delivery): a delivery that lost the lease meanwhile (a
     re-delivered task id took it) reports FAILED instead of a COMPLETED the branch may
     contradict. Callers that report nothing call :meth:`release`.
     """
