@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
 import typer
+from typer.core import TyperGroup
 
 from perago import config as config_module
 from perago.errors import ConfigError, PeragoError, WorkflowRunError
@@ -18,7 +19,21 @@ from perago.errors import ConfigError, PeragoError, WorkflowRunError
 if TYPE_CHECKING:
     from perago.adapters.conductor import ConductorClient, WorkflowRun
 
+
+class _Commands(TyperGroup):
+    """The one error path of every command: a Perago error (whatever its kind, each message
+    says what to do) becomes one red line on stderr and exit status 1, no traceback."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer.Context, a click context
+        try:
+            return super().invoke(ctx)
+        except PeragoError as e:
+            typer.secho(f"error: {e.message}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     no_args_is_help=True,
     add_completion=False,
     help="Perago: typed Conductor workers that publish to lakeFS with Try/Confirm/Cancel.",
@@ -117,6 +132,7 @@ def _main(
     """Perago: typed Conductor workers that publish to lakeFS with Try/Confirm/Cancel."""
     global _verbose
     _verbose = verbose
+    configure_logging()  # once, for every command
 
 
 #: `perago run --wait` exit codes (README, "Using it"); 1 is any other error, 2 a usage error.
@@ -136,11 +152,6 @@ class _WaitTimeout(WorkflowRunError):
     pass
 
 
-def _fail(e: PeragoError) -> typer.Exit:
-    typer.secho(f"error: {e.message}", fg=typer.colors.RED, err=True)
-    return typer.Exit(1)
-
-
 @app.command()
 def register(
     modules: Annotated[list[str], typer.Argument(help="Modules defining @task functions.")],
@@ -153,14 +164,10 @@ def register(
     from perago.registry import discover, load_workflows
     from perago.registry import register as do_register
 
-    configure_logging()
-    try:
-        settings = config_module.load()
-        tasks = discover(modules)
-        wfs = load_workflows(workflows) if workflows else []
-        do_register(wiring.conductor_client(settings), tasks, wfs)
-    except PeragoError as e:
-        raise _fail(e) from e
+    settings = config_module.load()
+    tasks = discover(modules)
+    wfs = load_workflows(workflows) if workflows else []
+    do_register(wiring.conductor_client(settings), tasks, wfs)
     typer.echo(
         f"registered {len(tasks)} task(s): {', '.join(t.name for t in tasks)}"
         + (f"; {len(wfs)} workflow(s): {', '.join(w['name'] for w in wfs)}" if wfs else "")
@@ -182,23 +189,19 @@ def worker(
     from perago import wiring
     from perago.registry import discover
 
-    configure_logging()
-    try:
-        overrides: dict[str, Any] = {}
-        if concurrency is not None:
-            overrides["concurrency"] = concurrency
-        settings = config_module.load(**overrides)
-        tasks = discover(modules)
-        spark = wiring.spark_sessions(settings, tasks)
-        with wiring.services(settings) as parts:
-            w = wiring.worker(settings, tasks, parts, spark=spark, http_port=http_port)
-            try:
-                w.run()
-            finally:
-                if spark is not None:
-                    spark.stop()
-    except PeragoError as e:
-        raise _fail(e) from e
+    overrides: dict[str, Any] = {}
+    if concurrency is not None:
+        overrides["concurrency"] = concurrency
+    settings = config_module.load(**overrides)
+    tasks = discover(modules)
+    spark = wiring.spark_sessions(settings, tasks)
+    with wiring.services(settings) as parts:
+        w = wiring.worker(settings, tasks, parts, spark=spark, http_port=http_port)
+        try:
+            w.run()
+        finally:
+            if spark is not None:
+                spark.stop()
 
 
 def _parse_input(raw: str | None) -> dict[str, Any]:
@@ -275,7 +278,6 @@ def run(
     (3 failed, 4 timed out by Conductor, 5 terminated, 6 --timeout ran out, 7 paused)."""
     from perago import wiring
 
-    configure_logging()
     try:
         settings = config_module.load()
         conductor = wiring.conductor_client(settings)
@@ -293,8 +295,6 @@ def run(
     except _WaitTimeout as e:
         typer.secho(f"error: {e.message}", fg=typer.colors.RED, err=True)
         raise typer.Exit(EXIT_WAIT_TIMEOUT) from e
-    except PeragoError as e:
-        raise _fail(e) from e
     if not wf.completed:
         typer.secho(
             f"workflow {workflow} ({workflow_id}) {wf.status}: {wf.failure}",
@@ -331,25 +331,21 @@ def log_(
     from perago import wiring
     from perago.history import branch_publications
 
-    configure_logging()
+    repository, branch = _split_target(target)
+    settings = config_module.load()
+    settings.require_lakefs_credentials()
+    store = wiring.lakefs_store(settings)
     try:
-        repository, branch = _split_target(target)
-        settings = config_module.load()
-        settings.require_lakefs_credentials()
-        store = wiring.lakefs_store(settings)
-        try:
-            records = branch_publications(
-                store,
-                repository,
-                branch or "main",
-                amount=amount,
-                lakefs_ui=settings.lakefs_endpoint,
-                conductor_api=settings.conductor_server_url,
-            )
-        finally:
-            store.close()
-    except PeragoError as e:
-        raise _fail(e) from e
+        records = branch_publications(
+            store,
+            repository,
+            branch or "main",
+            amount=amount,
+            lakefs_ui=settings.lakefs_endpoint,
+            conductor_api=settings.conductor_server_url,
+        )
+    finally:
+        store.close()
     if as_json:
         typer.echo(json.dumps([r.as_json() for r in records], indent=2))
         return
@@ -426,31 +422,25 @@ def janitor(
     from perago import wiring
     from perago.janitor import parse_duration, sweep, sweep_leases, takeover_watch
 
-    configure_logging()
-    try:
-        settings = config_module.load()
-        with wiring.services(settings) as parts:
-            repositories = repository or parts.store.list_repositories()
-            report = sweep(
-                parts.store,
-                parts.conductor,
-                repositories=repositories,
-                dry_run=dry_run,
-                older_than=parse_duration(older_than),
-                cluster_id=settings.cluster_id,
-                branch_pattern=branch_pattern,
-                keep_wap=settings.wap_keep_branch,
-            )
-            watch = (
-                parse_duration(lease_watch) if lease_watch is not None else takeover_watch(settings)
-            )
-            lease_report = (
-                sweep_leases(parts.leases, repositories=repositories, dry_run=dry_run, watch=watch)
-                if parts.leases is not None
-                else None
-            )
-    except PeragoError as e:
-        raise _fail(e) from e
+    settings = config_module.load()
+    with wiring.services(settings) as parts:
+        repositories = repository or parts.store.list_repositories()
+        report = sweep(
+            parts.store,
+            parts.conductor,
+            repositories=repositories,
+            dry_run=dry_run,
+            older_than=parse_duration(older_than),
+            cluster_id=settings.cluster_id,
+            branch_pattern=branch_pattern,
+            keep_wap=settings.wap_keep_branch,
+        )
+        watch = parse_duration(lease_watch) if lease_watch is not None else takeover_watch(settings)
+        lease_report = (
+            sweep_leases(parts.leases, repositories=repositories, dry_run=dry_run, watch=watch)
+            if parts.leases is not None
+            else None
+        )
     verb = "would remove" if dry_run else "removed"
     for repo, branch, reason in report.removed:
         typer.echo(f"{verb} {repo}/{branch}: {reason}")
@@ -480,14 +470,10 @@ def repo_init(
     from perago import wiring
     from perago.publish.expected_head_hook import install
 
-    configure_logging()
-    try:
-        store = wiring.lakefs_store(config_module.load())
-        if create and not store.repository_exists(repository):
-            store.create_repository(repository, default_branch=branch)
-        commit = install(store, repository, branch)
-    except PeragoError as e:
-        raise _fail(e) from e
+    store = wiring.lakefs_store(config_module.load())
+    if create and not store.repository_exists(repository):
+        store.create_repository(repository, default_branch=branch)
+    commit = install(store, repository, branch)
     if commit is None:
         typer.echo(f"{repository}/{branch}: the expected-head hook is already installed")
     else:
