@@ -27,8 +27,8 @@ from typing import Any
 from benchmarks.common import ROOT, resolve_stack
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
+from perago.conductor.registry import discover, register
 from perago.config import load
-from perago.registry import discover, register
 
 PARTS = 8
 TASK = "bench_fanout_part"

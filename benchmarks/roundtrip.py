@@ -35,9 +35,9 @@ from pydantic import BaseModel
 from benchmarks.common import BenchmarkError, percentile
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
+from perago.conductor.registry import register
 from perago.config import Settings, load
 from perago.errors import PeragoError
-from perago.registry import register
 from perago.task import WorkspaceSpec, task
 from perago.worker import Worker
 

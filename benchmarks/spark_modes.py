@@ -36,9 +36,9 @@ from typing import Any
 from benchmarks.common import ROOT, BenchmarkError, resolve_stack
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
+from perago.conductor.registry import discover, register
 from perago.config import load
 from perago.dev import spark_cluster
-from perago.registry import discover, register
 
 MODES = ("local", "standalone", "connect")
 STEPS = ("clean", "revenue", "report")

@@ -36,8 +36,8 @@ from pydantic import BaseModel
 from benchmarks.common import BenchmarkError, Trash, TreeSpec, write_tree
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
+from perago.conductor.registry import register
 from perago.config import load
-from perago.registry import register
 from perago.task import WorkspaceSpec, task
 from perago.worker import Worker
 

@@ -22,7 +22,7 @@ from perago.adapters.lakefs import LakeFSStore
 from perago.coord.factory import branch_leases
 from perago.dev import stack
 from perago.errors import ConflictError, PeragoError
-from perago.janitor import sweep, sweep_leases, takeover_watch
+from perago.publish.janitor import sweep, sweep_leases, takeover_watch
 
 from .audit import Figures, Run, audit, percentile
 from .controller import Fault, Workers, fault_schedule

@@ -1,4 +1,4 @@
-"""One attempt's program: the steps perago/runtime.py and perago/publish/transaction.py take.
+"""One attempt's program: the steps perago/worker/runtime.py and perago/publish/transaction.py take.
 
 Each step is one atomic action against one shared object (lakeFS, the lease record or
 Conductor), so the explorer interleaves every other actor between any two of them: that is

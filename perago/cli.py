@@ -161,8 +161,8 @@ def register(
 ) -> None:
     """Register every @task in MODULES, then every workflow JSON in --workflows (idempotent)."""
     from perago import wiring
-    from perago.registry import discover, load_workflows
-    from perago.registry import register as do_register
+    from perago.conductor.registry import discover, load_workflows
+    from perago.conductor.registry import register as do_register
 
     settings = config_module.load()
     tasks = discover(modules)
@@ -187,7 +187,7 @@ def worker(
 ) -> None:
     """Run a worker for every @task in MODULES until SIGTERM (drains gracefully)."""
     from perago import wiring
-    from perago.registry import discover
+    from perago.conductor.registry import discover
 
     overrides: dict[str, Any] = {}
     if concurrency is not None:
@@ -329,7 +329,7 @@ def log_(
     """Perago's publications on a branch: workflow, step, attempt, scope, fencing token, and
     links to the commit in the lakeFS UI and the workflow in Conductor's API."""
     from perago import wiring
-    from perago.history import branch_publications
+    from perago.publish.history import branch_publications
 
     repository, branch = _split_target(target)
     settings = config_module.load()
@@ -420,7 +420,7 @@ def janitor(
     """Remove staging branches of attempts that are over or unknown to Conductor, and expired
     branch leases."""
     from perago import wiring
-    from perago.janitor import parse_duration, sweep, sweep_leases, takeover_watch
+    from perago.publish.janitor import parse_duration, sweep, sweep_leases, takeover_watch
 
     settings = config_module.load()
     with wiring.services(settings) as parts:

@@ -2,7 +2,7 @@
 
 The retry policy is data on the exception: ``non_retryable=True`` maps to the orchestrator's
 terminal failure (Conductor's FAILED_WITH_TERMINAL_ERROR), anything else to a failure the
-orchestrator may retry. ``perago.runtime.outcome_of`` is the one place that turns an
+orchestrator may retry. ``perago.worker.runtime.outcome_of`` is the one place that turns an
 exception into an attempt's outcome.
 
 ::

@@ -778,7 +778,7 @@ class TaskEnvironment:
         workspace: Path | RemoteWorkspace,
         params: P | dict[str, Any] | None = None,
     ) -> R:
-        from perago.runtime import check_param_keys, check_result
+        from perago.worker.runtime import check_param_keys, check_result
 
         raw = params.model_dump() if isinstance(params, BaseModel) else params or {}
         check_param_keys(defn, raw)  # as the worker does by default (PERAGO_PARAMS_EXTRA)

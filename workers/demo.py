@@ -23,8 +23,8 @@ from rich.table import Table
 from perago import config
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
+from perago.conductor.registry import discover, load_workflows, register
 from perago.dev.stack import up
-from perago.registry import discover, load_workflows, register
 from perago.workspace import upload_all
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,7 +48,7 @@ from perago.workspace import ContentCache, Diff, upload_all
 __all__ = ["HISTORY_LIMIT", "Publication", "Publisher", "release_lease"]
 
 #: Events carry the attempt's context (workflow id, task id, refs) from structlog's
-#: contextvars, bound once by the runner (perago.attempt.RunningAttempt.logging).
+#: contextvars, bound once by the runner (perago.worker.attempt.RunningAttempt.logging).
 log = structlog.get_logger("perago.publish")
 
 #: How far back the publish fence follows a head's first-parent chain to the input ref: a

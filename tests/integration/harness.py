@@ -62,7 +62,7 @@ def register_tasks(env: dict[str, str], module: str = TASKS) -> None:
     under ``env`` (its task names carry the test's suffix), its tasks registered in Conductor.
     `perago register` itself is tested as a command elsewhere (test_readme, test_cli_basics)."""
     from perago import config
-    from perago.registry import register
+    from perago.conductor.registry import register
     from perago.task import TaskDefinition
 
     saved = dict(os.environ)

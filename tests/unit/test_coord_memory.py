@@ -329,7 +329,7 @@ def test_branch_leases_follow_the_settings() -> None:
 def test_janitor_removes_released_leases_and_watched_dead_ones_only() -> None:
     from perago.coord.branch_leases import BranchLeases
     from perago.coord.lease import LeaseManager
-    from perago.janitor import sweep_leases
+    from perago.publish.janitor import sweep_leases
 
     clock = [0.0]
 
@@ -370,7 +370,7 @@ def test_a_fresh_janitor_watches_a_dead_holders_lease_and_removes_it() -> None:
     `make chaos`: leases left held after the janitor)."""
     from perago.coord.branch_leases import BranchLeases
     from perago.coord.lease import LeaseManager
-    from perago.janitor import sweep_leases
+    from perago.publish.janitor import sweep_leases
 
     clock = [0.0]
 

@@ -71,7 +71,7 @@ def test_every_import_of_the_package_is_declared() -> None:
 def test_optional_dependencies_stay_optional() -> None:
     # What a worker without Spark tasks or AWS backends loads must not need the extras.
     code = (
-        "import sys, perago, perago.cli, perago.worker, perago.runtime, perago.coord.factory\n"
+        "import sys, perago, perago.cli, perago.worker, perago.coord.factory\n"
         "bad = sorted(m for m in ('pyspark', 'boto3', 'botocore', 'yaml') if m in sys.modules)\n"
         "assert not bad, bad\n"
     )

@@ -13,7 +13,7 @@ from perago import WorkspaceSpec, task
 from perago.config import load
 from perago.errors import ConfigError, TaskDefinitionError
 from perago.testing import MemoryStore, StubOrchestrator
-from perago.worker import Worker, task_domain
+from perago.worker.loop import Worker, task_domain
 
 
 class P(BaseModel):

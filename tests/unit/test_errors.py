@@ -12,7 +12,7 @@ from perago import errors, failpoints
 from perago.coord import errors as coord_errors
 from perago.coord import put_and_verify
 from perago.orchestrator import Outcome
-from perago.runtime import SHUTDOWN, outcome_of
+from perago.worker.runtime import SHUTDOWN, outcome_of
 
 
 def _public_errors() -> list[type[BaseException]]:

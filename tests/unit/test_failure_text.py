@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perago.failure_text import MAX_LINES, bounded_traceback, describe
-from perago.runtime import outcome_of
+from perago.worker.runtime import outcome_of
 
 JAVA = (
     "An error occurred while calling o123.fit.\n"

@@ -8,7 +8,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 
-from perago.health import HealthServer
+from perago.worker.health import HealthServer
 
 
 def _closed_port() -> int:

@@ -11,8 +11,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from perago.orchestrator import Outcome, TaskSnapshot
-from perago.recovery import AttemptRecord, AttemptRecords, recover
 from perago.testing import StubOrchestrator
+from perago.worker.recovery import AttemptRecord, AttemptRecords, recover
 
 
 def _dead_pid() -> int:

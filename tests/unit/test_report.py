@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from perago.orchestrator import TaskSnapshot
-from perago.report import Landing, TaskUpdates, landing
+from perago.worker.report import Landing, TaskUpdates, landing
 
 DELIVERY = TaskSnapshot(
     task_id="t0",

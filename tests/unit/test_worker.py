@@ -28,13 +28,13 @@ from perago.config import Settings, load
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.lease import LeaseManager
 from perago.coord.memory import MemoryStore as CoordMemory
-from perago.janitor import sweep
 from perago.orchestrator import Outcome
-from perago.runtime import AttemptRunner
+from perago.publish.janitor import sweep
 from perago.steps import Boundary
 from perago.store import Commit
 from perago.testing import MemoryStore, StubOrchestrator
 from perago.worker import Worker
+from perago.worker.runtime import AttemptRunner
 
 # -- tasks ------------------------------------------------------------------------------------
 
@@ -757,7 +757,7 @@ def test_an_extension_in_flight_never_undoes_the_final_report(
     store: MemoryStore, tmp_path: Path
 ) -> None:
     """The stub's racy Conductor lets a held extension write its stale IN_PROGRESS back after
-    the report; the worker never overlaps the two (perago.report), so the report stands."""
+    the report; the worker never overlaps the two (perago.worker.report), so the report stands."""
     stub = StubOrchestrator(racy_updates=True, gate_timeout=10)
     # The extension has read the task and is slow to write: the report is sent meanwhile.
     gate = stub.hold("extend", release_after=0.5)

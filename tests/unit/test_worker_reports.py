@@ -14,9 +14,9 @@ from perago import WorkspaceSpec, config, metrics, task
 from perago.coord.branch_leases import HeldLease
 from perago.errors import OrchestratorError, WorkerShutdown
 from perago.orchestrator import Outcome
-from perago.runtime import Finished
 from perago.testing import MemoryStore, StubOrchestrator
 from perago.worker import Worker
+from perago.worker.runtime import Finished
 
 
 class _P(BaseModel):

@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from perago.adapters.conductor import workflow_steps
+from perago.conductor.workflow_check import workflow_problems as _problems
 from perago.task import WorkspaceSpec, task
-from perago.workflow_check import workflow_problems as _problems
 
 
 def workflow_problems(wf: dict[str, Any], tasks: dict[str, Any]) -> list[str]:

@@ -25,15 +25,15 @@ from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseExpiringError, LeaseLostError
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.failure_text import bounded_traceback, describe
-from perago.health import HealthServer
 from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.publish.transaction import release_lease
-from perago.recovery import AttemptRecords, recover
-from perago.report import Landing, TaskUpdates, under_lease
-from perago.runtime import AttemptRunner, Finished, outcome_of
 from perago.steps import Boundary
 from perago.store import VersionStore
 from perago.task import TaskDefinition
+from perago.worker.health import HealthServer
+from perago.worker.recovery import AttemptRecords, recover
+from perago.worker.report import Landing, TaskUpdates, under_lease
+from perago.worker.runtime import AttemptRunner, Finished, outcome_of
 
 __all__ = ["Worker"]
 
@@ -168,7 +168,7 @@ class Worker:
 
     def _janitor_pass(self) -> None:
         """Staging branches of dead attempts, then leases whose holder died (watched first)."""
-        from perago.janitor import sweep, sweep_leases, takeover_watch
+        from perago.publish.janitor import sweep, sweep_leases, takeover_watch
 
         try:
             repositories = self._store.list_repositories()

@@ -34,7 +34,7 @@ from perago.processes import is_running, process_start
 
 __all__ = ["AttemptRecord", "AttemptRecords", "recover"]
 
-log = structlog.get_logger("perago.recovery")
+log = structlog.get_logger("perago.worker.recovery")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 

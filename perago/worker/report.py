@@ -25,7 +25,7 @@ from perago.orchestrator import TaskSnapshot
 
 __all__ = ["Landing", "TaskUpdates", "landing", "under_lease"]
 
-log = structlog.get_logger("perago.report")
+log = structlog.get_logger("perago.worker.report")
 
 #: How often the final report is sent at most, when the read-back keeps disagreeing.
 REPORT_SENDS = 5

@@ -35,7 +35,7 @@ from perago.store import VersionStore
 
 __all__ = ["JanitorReport", "parse_duration", "sweep", "sweep_leases", "takeover_watch"]
 
-log = structlog.get_logger("perago.janitor")
+log = structlog.get_logger("perago.publish.janitor")
 _STAGING = re.compile(r"^(?P<task>.+)-p(?P<poll>\d+)$")  # after the cluster's prefix
 _DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd]?)$")
 

@@ -15,9 +15,9 @@ from perago.adapters.conductor import (
     workflow_def_defaults,
     workflow_steps,
 )
+from perago.conductor.workflow_check import workflow_problems
 from perago.errors import RegistrationError
 from perago.task import TaskDefinition
-from perago.workflow_check import workflow_problems
 
 __all__ = ["discover", "load_workflows", "register"]
 

@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 __all__ = ["HealthServer"]
 
-log = structlog.get_logger("perago.health")
+log = structlog.get_logger("perago.worker.health")
 
 
 def _answers(url: str, timeout: float = 2.0) -> bool:

@@ -16,7 +16,6 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from perago import metrics, steps
-from perago.attempt import RunningAttempt
 from perago.config import Settings
 from perago.context import attempt_context
 from perago.coord.branch_leases import BranchLeases, HeldLease
@@ -43,6 +42,7 @@ from perago.steps import Boundary, Phase
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.task_io import WorkspaceInput
+from perago.worker.attempt import RunningAttempt
 from perago.workspace import (
     AttemptDirectory,
     ContentCache,
@@ -66,7 +66,7 @@ __all__ = [
 SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
 
 #: Events carry the attempt's context from structlog's contextvars (RunningAttempt.logging).
-log = structlog.get_logger("perago.attempt")
+log = structlog.get_logger("perago.worker.attempt")
 
 
 @dataclass(frozen=True)
