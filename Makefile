@@ -72,7 +72,7 @@ TEST_WORKERS ?= 4
 test: install lint typecheck
 	@run=$$($(BIN)/python -c 'import uuid; print(uuid.uuid4().hex)'); status=0; \
 	PERAGO_TEST_RUN=$$run PERAGO_TEST_KEEP_STACK=1 $(BIN)/pytest -q -ra --durations=25 \
-		-n $(TEST_WORKERS) --dist worksteal -m "not serial and not exhaustive" tests || status=$$?; \
+		-n $(TEST_WORKERS) --dist loadgroup -m "not serial and not exhaustive" tests || status=$$?; \
 	PERAGO_TEST_RUN=$$run $(BIN)/pytest -q -ra --durations=10 -m "serial and not exhaustive" tests || status=$$?; \
 	exit $$status
 

@@ -69,6 +69,14 @@ def stack_env() -> Iterator[dict[str, str]]:
     yield info.env()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start Spark share one pytest-xdist process (``--dist loadgroup``): two
+    Spark JVMs starting at once on a small machine slow every other test down."""
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop the stack this run started, once every worker process is done."""
     if hasattr(session.config, "workerinput") or os.environ.get("PERAGO_TEST_KEEP_STACK"):
