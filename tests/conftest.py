@@ -70,10 +70,11 @@ def stack_env() -> Iterator[dict[str, str]]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that start Spark share one pytest-xdist process (``--dist loadgroup``): two
-    Spark JVMs starting at once on a small machine slow every other test down."""
+    """Tests that start Spark run one at a time per group (``--dist loadgroup``): local
+    sessions in one pytest-xdist process, clusters (``xdist_group("spark-cluster")``) in
+    another, so at most two Spark applications start at once on a small machine."""
     for item in items:
-        if item.get_closest_marker("spark") is not None:
+        if item.get_closest_marker("spark") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 

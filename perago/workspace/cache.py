@@ -8,11 +8,11 @@ removed on start, because nothing vouches for their files (the start time tells 
 worker that got the same pid, PID 1 in a container, from the dead one), and on close. The
 cache is bounded in bytes and evicts the least recently used entries.
 
-Entries move, they are not copied: an attempt reading an object the cache holds gets the
-entry's file itself, which leaves the cache (:meth:`ContentCache.lend`); once the attempt is
-reported, the files it downloaded, borrowed or uploaded come back (:meth:`ContentCache.adopt`)
-if the kernel proves them unchanged. So a chained step costs a rename per file, and neither
-a read nor a write copies bytes into the cache while the task's clock runs.
+An attempt reading an object the cache holds gets the entry's file itself, moved out of the
+cache (:meth:`ContentCache.lend`): a rename per file, nothing copied while the task's clock
+runs. Once the attempt is reported, the files it downloaded, borrowed or uploaded are copied
+into the cache (:meth:`ContentCache.adopt`; a reflink where the filesystem has them) if they
+are provably unchanged; the attempt directory, originals included, is then removed.
 
 Safety, since a task body owns its attempt directory and may rewrite or append to any file
 in place, keep files open, or link them elsewhere:
@@ -22,15 +22,14 @@ in place, keep files open, or link them elsewhere:
 * a file is adopted only if it still has the inode, size and ctime recorded when its bytes
   were known to be the object's (written by the download, borrowed, or read by the upload),
   that ctime is strictly older than a probe the filesystem stamped afterwards (racy-git's
-  rule: ctime cannot be set back, and any later write stamps a newer one), it has a single
-  link, and the kernel's writer probe (a read lease, ``F_SETLEASE``, granted and dropped at
-  once) proves that no process still holds it open for writing;
+  rule: ctime cannot be set back, and any later write stamps a newer one); the copy is kept
+  only if the file's stat is the same after it. What a process still holding the file (a
+  body's leaked writer, a hard link elsewhere) writes later changes the attempt's file, never
+  the cache's copy;
 * entries are read-only and their ``(size, mtime, ctime, inode)`` is recorded when they are
   added; an entry whose stat differs when read (truncated, rewritten, replaced) is dropped
   and the object downloaded instead;
-* where a rename cannot work (the cache on another filesystem) or the writer probe is not
-  available, an attempt gets a copy (a reflink where the filesystem supports it) and
-  adoption copies.
+* where a rename cannot work (the cache on another filesystem), an attempt gets a copy.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import signal
 import stat
 import tempfile
 import threading
@@ -159,36 +157,6 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
-def _no_writer(fd: int) -> bool:
-    """True if no process holds the file of ``fd`` (opened read-only) open for writing.
-
-    The kernel grants a read lease only then (an ``mmap``'d shared mapping counts). The lease
-    is dropped at once; a writer opening in between would break it with SIGURG (ignored by
-    default) instead of the default SIGIO, which would end the process.
-    """
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-    except OSError:  # EAGAIN: a writer; EINVAL, ENOLCK: no leases on this filesystem
-        return False
-    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-    return True
-
-
-def _writer_probe_works(directory: Path) -> bool:
-    """True if this filesystem can run :func:`_no_writer` (some network filesystems cannot)."""
-    fd, probe = tempfile.mkstemp(dir=directory, prefix=".probe-")
-    os.close(fd)
-    try:
-        fd = os.open(probe, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return _no_writer(fd)
-        finally:
-            os.close(fd)
-    finally:
-        os.unlink(probe)
-
-
 def _owner_runs(folder: str) -> bool:
     """True if the process that made the cache folder named ``folder`` still runs.
 
@@ -222,7 +190,6 @@ class ContentCache:
         self._bytes = 0
         self._vouchers: dict[Path, dict[str, _Voucher]] = {}
         self._closed = False
-        self._can_probe_writers = _writer_probe_works(self.root)
 
     @staticmethod
     def _sweep_dead(directory: Path) -> None:
@@ -295,8 +262,8 @@ class ContentCache:
         return copied
 
     def can_lend(self, root: Path) -> bool:
-        """True if entries can move into (and back from) files under ``root`` by rename."""
-        return self._can_probe_writers and os.stat(root).st_dev == os.stat(self.root).st_dev
+        """True if entries can move into files under ``root`` by rename (same filesystem)."""
+        return os.stat(root).st_dev == os.stat(self.root).st_dev
 
     def lend(self, key: str, dest: Path) -> os.stat_result | None:
         """Move the entry's file to ``dest`` (writable, as a download is); its stat, or None.
@@ -375,16 +342,15 @@ class ContentCache:
             vouchers = self._vouchers.pop(root, {})
             if self._closed:
                 return 0
-        lend = bool(vouchers) and self.can_lend(root)
         taken = 0
         for relative, v in vouchers.items():
             try:
-                taken += self._adopt(root / relative, v, move=lend)
+                taken += self._adopt(root / relative, v)
             except OSError as e:
                 log.warning("cache_adopt_failed", file=relative, error=str(e))
         return taken
 
-    def _adopt(self, path: Path, v: _Voucher, *, move: bool) -> bool:
+    def _adopt(self, path: Path, v: _Voucher) -> bool:
         if v.size > self.max_bytes or not v.ctime_ns < v.settled_ns:
             return False
         with self._lock:
@@ -392,37 +358,10 @@ class ContentCache:
                 self._entries.move_to_end(v.key)
                 return False
         st = os.lstat(path)
-        proof = (stat.S_ISREG(st.st_mode), st.st_nlink, st.st_size, st.st_ino, st.st_ctime_ns)
-        if proof != (True, 1, v.size, v.ino, v.ctime_ns):
+        proof = (stat.S_ISREG(st.st_mode), st.st_size, st.st_ino, st.st_ctime_ns)
+        if proof != (True, v.size, v.ino, v.ctime_ns):
             return False
-        if not move:
-            return self.add_file(v.key, path, v.size, before=st)
-        tmp = self.root / f".adopt-{uuid.uuid4().hex}"
-        os.rename(path, tmp)
-        try:
-            os.chmod(tmp, stat.S_IRUSR)
-            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                alone = _no_writer(fd)
-                now = os.fstat(fd)
-            finally:
-                os.close(fd)
-            # rename and chmod change the ctime, not the mtime: a write between the proof
-            # above and the rename shows in the mtime; a writer still holding it, in the probe
-            same = (now.st_size, now.st_ino, now.st_mtime_ns, now.st_nlink) == (
-                v.size,
-                v.ino,
-                st.st_mtime_ns,
-                1,
-            )
-            if not (alone and same):
-                os.chmod(tmp, stat.S_IMODE(st.st_mode))
-                os.rename(tmp, path)  # not ours: back where its owner left it
-                return False
-            return self._install(v.key, tmp, v.size)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        return self.add_file(v.key, path, v.size, before=st)
 
     def add_file(self, key: str, source: Path, size: int, *, before: os.stat_result) -> bool:
         """Copy ``source`` (of ``size`` bytes, stat ``before`` taken earlier) into the cache.
@@ -449,9 +388,7 @@ class ContentCache:
                 finally:
                     os.close(fd)
                 after = os.fstat(src)
-                unchanged = (
-                    _stamp(after)[:3] == _stamp(before)[:3] and after.st_ino == before.st_ino
-                )
+                unchanged = _stamp(after) == _stamp(before)
                 if not unchanged or copied != size or after.st_size != size:
                     Path(tmp).unlink(missing_ok=True)
                     return False

@@ -219,7 +219,15 @@ class WorkerProcess:
                 *(extra_args or []),
             ],
             cwd=ROOT,
-            env={**os.environ, "PERAGO_POLL_INTERVAL": "0.1", "PERAGO_LEASE_TTL": "4", **env},
+            # No start-up janitor pass unless a test asks for one: it sweeps every repository,
+            # and tests running beside this one keep orphans on purpose for their own janitor.
+            env={
+                **os.environ,
+                "PERAGO_POLL_INTERVAL": "0.1",
+                "PERAGO_LEASE_TTL": "4",
+                "PERAGO_JANITOR_ON_START": "false",
+                **env,
+            },
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from perago.dev.paths import stack_paths
 
 from .harness import ROOT
@@ -27,6 +29,7 @@ def walkthrough() -> str:
     return "\n".join(lines[1:]) + "\n"
 
 
+@pytest.mark.serial  # a user's worker: its start-up janitor pass sweeps every repository
 def test_the_first_pipeline_walkthrough_runs_as_written(
     stack_env: dict[str, str], store: Any, tmp_path: Path
 ) -> None:

@@ -69,6 +69,7 @@ def test_orphan_staging_branch_removed_live_one_kept(
     assert staging_branches(store, repo) == []
 
 
+@pytest.mark.serial  # its start-up pass sweeps every repository, other tests' orphans too
 def test_worker_start_runs_a_janitor_pass(
     env: dict[str, str],
     conductor: ConductorClient,
@@ -87,7 +88,7 @@ def test_worker_start_runs_a_janitor_pass(
         assert w.proc.wait(timeout=60) == -signal.SIGKILL
     assert len(staging_branches(store, repo)) == 1
     conductor.terminate_workflow(wid, "test over")  # the attempt is now terminal
-    with worker(env, tmp_path / "fresh.log") as fresh:
+    with worker({**env, "PERAGO_JANITOR_ON_START": "true"}, tmp_path / "fresh.log") as fresh:
         fresh.wait_for("janitor_removed", repository=repo, timeout=60)
     assert staging_branches(store, repo) == []
 

@@ -54,6 +54,7 @@ def demo_repository(store: Any, repo: str) -> Iterator[str]:
             RECORD.write_text(before)
 
 
+@pytest.mark.serial  # a user's worker: its start-up janitor pass sweeps every repository
 def test_the_readme_using_it_block_runs_as_written(
     stack_env: dict[str, str], store: Any, demo_repository: str
 ) -> None:

@@ -80,7 +80,8 @@ def test_what_a_worker_published_is_read_back_from_the_cache(
 ) -> None:
     ref = _publish(store, {"a.bin": b"a" * 1000, "sub/b.bin": b"b" * 10}, tmp_path, cache)
     assert len(cache) == 2
-    assert not (tmp_path / "src" / "a.bin").exists()  # moved into the cache, not copied
+    entry = next(p for p in cache.root.iterdir() if p.read_bytes() == b"a" * 1000)
+    assert os.stat(entry).st_ino != os.stat(tmp_path / "src" / "a.bin").st_ino  # a copy
     _read(store, ref, tmp_path / "attempt", cache)
     assert store.downloads == 0
     assert len(cache) == 0  # lent to the attempt, which owns the files now
@@ -123,23 +124,26 @@ def test_a_file_changed_after_its_upload_is_not_adopted(
     assert len(cache) == 0 and (src / "a.bin").exists()  # left for its owner to remove
 
 
-def test_a_file_still_open_for_writing_or_linked_elsewhere_is_not_adopted(
+def test_a_file_still_open_for_writing_is_adopted_as_a_copy_a_linked_one_not(
     store: CountingStore, cache: ContentCache, tmp_path: Path
 ) -> None:
+    """The cache copies what it adopts: a body's leaked writer changes the attempt's file
+    afterwards, never what the cache serves. A hard link made by the body changes the
+    file's ctime, so nothing proves its bytes any more: it is not adopted."""
     ref = _publish(store, {"open.bin": b"o" * 1000, "linked.bin": b"l" * 1000}, tmp_path, cache)
     attempt = tmp_path / "attempt"
     _read(store, ref, attempt, cache)
     os.link(attempt / "linked.bin", tmp_path / "elsewhere")  # a body's hard link
     writer = open(attempt / "open.bin", "r+b")  # noqa: SIM115 - a body's leaked writer
     try:
-        assert cache.adopt(attempt) == 0
-        assert sorted(p.name for p in attempt.iterdir()) == ["linked.bin", "open.bin"]
-        writer.write(b"late")  # what the cache would have served had it adopted the file
+        assert cache.adopt(attempt) == 1
+        writer.write(b"late")
     finally:
         writer.close()
     _read(store, ref, tmp_path / "again", cache)
     assert (tmp_path / "again" / "open.bin").read_bytes() == b"o" * 1000
-    assert store.downloads == 2
+    assert (tmp_path / "again" / "linked.bin").read_bytes() == b"l" * 1000
+    assert store.downloads == 1  # linked.bin, downloaded again
 
 
 def test_a_file_changed_in_the_same_clock_tick_as_the_probe_is_not_adopted(
