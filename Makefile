@@ -67,8 +67,8 @@ integration: install
 TEST_WORKERS ?= 4
 
 ## test: install, lint, typecheck, all tests (CI calls this). Two phases on one stack: the
-## isolated tests in TEST_WORKERS processes, then those marked `serial` (they restart the
-## stack or its servers, or start Spark clusters) alone.
+## isolated tests in TEST_WORKERS processes, then those marked `serial` alone (they restart
+## the stack or its servers, or run a worker whose start-up janitor sweeps every repository).
 test: install lint typecheck
 	@run=$$($(BIN)/python -c 'import uuid; print(uuid.uuid4().hex)'); status=0; \
 	PERAGO_TEST_RUN=$$run PERAGO_TEST_KEEP_STACK=1 $(BIN)/pytest -q -ra --durations=25 \

@@ -637,4 +637,8 @@ def test_a_paused_lease_holder_loses_to_the_taker(
     assert head.metadata["perago.fencing_token"] == str(reset["fencing_token"])
     assert [c.id for c in publications(store, repo)] == [head.id]
     assert store.get_tag(repo, f"perago-replaced-{abandoned[:16]}-r2") == abandoned
+    # The killed attempt's staging branch is the janitor's (no other attempt's is left).
+    assert len(staging_branches(store, repo)) == 1
+    done = perago_cli(["janitor", "--repository", repo], env)
+    assert done.returncode == 0, done.stderr
     assert staging_branches(store, repo) == []

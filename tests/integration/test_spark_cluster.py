@@ -16,7 +16,7 @@ import pytest
 
 from .harness import attempts, one_step, publications, start, wait_workflow, worker
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.xdist_group("spark-cluster")]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.serial]
 MODULE = "tests.integration.taskmods.spark_tasks"
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from .harness import (
     http_get,
     publications,
     put_workflow,
+    register_tasks,
     simple_task,
     staging_branches,
     start,
@@ -46,38 +48,51 @@ def seeded(store: LakeFSStore, repo: str, tmp_path: Path) -> str:
     return store.commit(repo, "main", message="seed", metadata={}).id
 
 
+@pytest.fixture(scope="module")
+def spark_worker(
+    stack_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """One worker (one Spark JVM) for the module's publish and failure cases: starting a JVM
+    per case cost more than the cases. Yields its task names' suffix."""
+    suffix = uuid.uuid4().hex[:10]
+    tmp = tmp_path_factory.mktemp("spark-worker")
+    env = {
+        **stack_env,
+        "PERAGO_TEST_SUFFIX": suffix,
+        "PERAGO_WORK_DIR": str(tmp / "work"),
+        "PERAGO_SPARK_MASTER": "local[2]",
+        "PERAGO_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2"}',
+    }
+    register_tasks(env, MODULE)
+    with worker(env, tmp / "w.log", module=MODULE):
+        yield suffix
+
+
 def _run(
     conductor: ConductorClient,
-    env: dict[str, str],
-    tmp_path: Path,
     task_type: str,
     repo: str,
+    unique: str,
     params: dict[str, object],
 ) -> dict[str, object]:
-    name = f"{task_type}_wf"
+    name = f"{task_type}_{unique}_wf"
     put_workflow(
         conductor, name, [simple_task(task_type, "step", "${workflow.input.workspace}", params)]
     )
-    with worker(env, tmp_path / "w.log", module=MODULE):
-        return wait_workflow(
-            conductor,
-            start(conductor, name, repo),
-            timeout=300,
-        )
+    return wait_workflow(conductor, start(conductor, name, repo), timeout=300)
 
 
 @pytest.mark.parametrize("kind", ["local", "inplace"])
 def test_spark_body_output_is_published(
-    env: dict[str, str],
+    spark_worker: str,
     conductor: ConductorClient,
     store: LakeFSStore,
     repo: str,
     unique: str,
-    tmp_path: Path,
     seeded: str,
     kind: str,
 ) -> None:
-    wf = _run(conductor, env, tmp_path, f"ps_{kind}_{unique}", repo, {})
+    wf = _run(conductor, f"ps_{kind}_{spark_worker}", repo, unique, {})
     assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
     out = wf["output"]["workspace"]["ref"]  # type: ignore[index]
     assert attempts(wf, "step")[-1]["outputData"]["result"] == {"rows": 250}
@@ -93,16 +108,15 @@ def test_spark_body_output_is_published(
 
 @pytest.mark.parametrize("kind", ["local", "inplace"])
 def test_failed_spark_job_publishes_nothing(
-    env: dict[str, str],
+    spark_worker: str,
     conductor: ConductorClient,
     store: LakeFSStore,
     repo: str,
     unique: str,
-    tmp_path: Path,
     seeded: str,
     kind: str,
 ) -> None:
-    wf = _run(conductor, env, tmp_path, f"ps_{kind}_{unique}", repo, {"fail": True})
+    wf = _run(conductor, f"ps_{kind}_{spark_worker}", repo, unique, {"fail": True})
     assert wf["status"] == "FAILED"
     steps = attempts(wf, "step")
     assert all(t["status"] == "FAILED" for t in steps) and len(steps) == 2
