@@ -13,8 +13,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from perago.dev.paths import stack_paths
 
 from .harness import ROOT
@@ -29,13 +27,15 @@ def walkthrough() -> str:
     return "\n".join(lines[1:]) + "\n"
 
 
-@pytest.mark.serial  # a user's worker: its start-up janitor pass sweeps every repository
 def test_the_first_pipeline_walkthrough_runs_as_written(
     stack_env: dict[str, str], store: Any, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PERAGO_", "LAKECTL_"))}
     env.pop("CONDUCTOR_SERVER_URL", None)
     env |= {"PERAGO": str(ROOT), "PERAGO_STACK_DIR": str(stack_paths().stack)}
+    # Tests beside this one keep orphan staging branches for their own janitor, and a
+    # worker's start-up pass sweeps every repository: this worker runs none.
+    env["PERAGO_JANITOR_ON_START"] = "false"
     done = subprocess.run(
         ["bash", "-e", "-c", walkthrough()],
         cwd=tmp_path,
