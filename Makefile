@@ -58,7 +58,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q -n $(TEST_WORKERS) -m "not exhaustive" tests/unit
 
 integration: install
 	$(BIN)/pytest -q tests/integration
