@@ -2,7 +2,9 @@
 
 Variable names follow the ecosystems Perago sits in: ``CONDUCTOR_SERVER_URL`` (Conductor SDK)
 and ``LAKECTL_SERVER_ENDPOINT_URL`` / ``LAKECTL_CREDENTIALS_*`` (lakectl); Perago's own
-settings are ``PERAGO_*``. Nothing reads the environment at import time.
+settings are ``PERAGO_*``. :func:`load` is the only reader of the environment (a mapping it is
+given, so tests stay hermetic), of lakectl's file below it, and of ``PERAGO_COORD_*``;
+:class:`Settings` is a plain pydantic model that validates what it found.
 """
 
 from __future__ import annotations
@@ -16,8 +18,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
 from perago.errors import ConfigError
 
@@ -28,24 +37,13 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class Settings(BaseSettings):
-    """Everything a worker, the CLI and the publisher need to know about their surroundings."""
+class Settings(BaseModel):
+    """Everything a worker, the CLI and the publisher need to know about their surroundings.
 
-    model_config = SettingsConfigDict(
-        env_prefix="PERAGO_", extra="ignore", frozen=True, populate_by_name=True
-    )
+    Each field is read from ``PERAGO_<FIELD>``; a ``validation_alias`` names the ecosystem's
+    variables that come first (``CONDUCTOR_SERVER_URL``, ``LAKECTL_*``)."""
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Only `load()` reads the environment, so tests can inject it.
-        return (init_settings,)
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
     conductor_server_url: str = Field(
         default="http://127.0.0.1:18080/api",
@@ -402,6 +400,6 @@ def load(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         }
     values.update(overrides)
     try:
-        return Settings(**values)  # type: ignore[arg-type]
+        return Settings(**values)
     except ValidationError as e:
         raise ConfigError(f"invalid Perago settings (fix the variables named below): {e}") from e
