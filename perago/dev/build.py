@@ -10,6 +10,7 @@ Helm (to render and lint the worker chart) is built the same way but only on req
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -406,6 +407,19 @@ def find_java(
 # -- all of it ----------------------------------------------------------------------------------
 
 
+@contextmanager
+def _building(paths: StackPaths) -> Iterator[None]:
+    """One build at a time per stack folder: two terminals, or test processes side by side,
+    each find the binaries current, or wait while another process makes them so."""
+    paths.make()
+    with (paths.run / ".build-lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def build(*, progress: bool = False, helm: bool = False, webui: bool = True) -> None:
     """Make every stack binary present and current; idempotent and cheap when nothing changed.
 
@@ -413,25 +427,25 @@ def build(*, progress: bool = False, helm: bool = False, webui: bool = True) -> 
     ``webui`` embeds lakeFS's web UI in the lakefs binary (needs npm).
     """
     paths = stack_paths()
-    paths.make()
-    _build_go_binary(paths, "lakefs", progress=progress, webui=webui)
-    _build_go_binary(paths, "lakectl", progress=progress)
-    _fetch_conductor(paths, progress=progress)
-    _fetch_spark_jars(paths, progress=progress)
-    find_java()
-    if helm:
-        _build_go_binary(paths, "helm", progress=progress)
+    with _building(paths):
+        _build_go_binary(paths, "lakefs", progress=progress, webui=webui)
+        _build_go_binary(paths, "lakectl", progress=progress)
+        _fetch_conductor(paths, progress=progress)
+        _fetch_spark_jars(paths, progress=progress)
+        find_java()
+        if helm:
+            _build_go_binary(paths, "helm", progress=progress)
 
 
 def build_helm(*, progress: bool = False) -> Path:
     """Helm built from ``perago/dev/recipes/helm`` (cached like lakectl); its path."""
     paths = stack_paths()
-    paths.make()
-    return _build_go_binary(paths, "helm", progress=progress)
+    with _building(paths):
+        return _build_go_binary(paths, "helm", progress=progress)
 
 
 def build_toxiproxy(*, progress: bool = False) -> Path:
     """Toxiproxy's server from ``perago/dev/recipes/toxiproxy`` (cached like Helm); its path."""
     paths = stack_paths()
-    paths.make()
-    return _build_go_binary(paths, "toxiproxy", progress=progress)
+    with _building(paths):
+        return _build_go_binary(paths, "toxiproxy", progress=progress)

@@ -8,6 +8,7 @@ when ``CI`` is set.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -101,10 +102,21 @@ def _stack_dir() -> Path:
 
 
 def dynamodb_local_dir() -> Path:
-    """The DynamoDB Local jars and native library, fetched once (keyed by the pom's hash)."""
+    """The DynamoDB Local jars and native library, fetched once (keyed by the pom's hash);
+    test processes side by side wait for the one fetching them."""
+    target = _stack_dir() / "dynamodb"
+    target.mkdir(parents=True, exist_ok=True)
+    with (target.parent / ".dynamodb-lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _fetch_dynamodb_local(target)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _fetch_dynamodb_local(target: Path) -> Path:
     root = Path(__file__).resolve().parents[2]
     pom = root / "perago" / "dev" / "recipes" / "dynamodb" / "pom.xml"
-    target = _stack_dir() / "dynamodb"
     stamp = target / ".stamp"
     digest = hashlib.sha256(pom.read_bytes()).hexdigest()
     if stamp.exists() and stamp.read_text() == digest and any(target.glob("DynamoDBLocal-*.jar")):
