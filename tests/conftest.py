@@ -81,12 +81,25 @@ def stack_env() -> Iterator[dict[str, str]]:
     yield info.env()
 
 
+#: Test modules whose workers poll task types with fixed names (the example pipeline's
+#: ``orders_*``, write-audit-publish's ``perago_wap_*``): run side by side, one test's worker
+#: would take another's tasks. They run one at a time, in one pytest-xdist process.
+_SHARED_TASK_NAMES = {
+    "test_orders_pipeline.py",
+    "test_readme.py",
+    "test_first_pipeline.py",
+    "test_wap.py",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that start Spark run one at a time per group (``--dist loadgroup``): local
-    sessions in one pytest-xdist process, clusters (``xdist_group("spark-cluster")``) in
-    another, so at most two Spark applications start at once on a small machine."""
+    """Groups for ``--dist loadgroup``: tests sharing task names run in one process; the
+    other tests that start Spark in another, so at most two Spark applications start at
+    once on a small machine."""
     for item in items:
-        if item.get_closest_marker("spark") and not item.get_closest_marker("xdist_group"):
+        if item.path.name in _SHARED_TASK_NAMES:
+            item.add_marker(pytest.mark.xdist_group("shared-task-names"))
+        elif item.get_closest_marker("spark"):
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 

@@ -155,7 +155,6 @@ def standalone_master(tmp_path: Path) -> Iterator[str]:
             f.close()
 
 
-@pytest.mark.xdist_group("spark-cluster")  # a Spark cluster of its own, beside the others
 def test_spark_task_on_a_standalone_cluster(
     make_env: Callable[..., dict[str, str]],
     conductor: ConductorClient,
