@@ -10,6 +10,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,23 +85,37 @@ def stack_env() -> Iterator[dict[str, str]]:
 #: Test modules whose workers poll task types with fixed names (the example pipeline's
 #: ``orders_*``, write-audit-publish's ``perago_wap_*``): run side by side, one test's worker
 #: would take another's tasks. They run one at a time, in one pytest-xdist process.
-_SHARED_TASK_NAMES = {
-    "test_orders_pipeline.py",
-    "test_readme.py",
-    "test_first_pipeline.py",
-    "test_wap.py",
-}
+_SHARED_TASK_NAMES = frozenset(
+    {"test_orders_pipeline.py", "test_readme.py", "test_first_pipeline.py", "test_wap.py"}
+)
+#: Modules whose tests start Spark applications, one at a time in one process as well (with
+#: the group above, at most two Spark applications start at once on a small machine).
+_SPARK = frozenset({"test_spark_runtime.py"})
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for ``--dist loadgroup``: tests sharing task names run in one process; the
-    other tests that start Spark in another, so at most two Spark applications start at
-    once on a small machine."""
-    for item in items:
-        if item.path.name in _SHARED_TASK_NAMES:
-            item.add_marker(pytest.mark.xdist_group("shared-task-names"))
-        elif item.get_closest_marker("spark"):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+def _group(nodeid: str) -> str:
+    """The scheduling unit of a test: its group's name, or the test itself."""
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    if name in _SHARED_TASK_NAMES:
+        return "shared-task-names"
+    if name in _SPARK:
+        return "spark"
+    return nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` as this suite needs it: pytest-xdist's own (``xdist_group``
+    markers) does not group with pytest 9 here, so the groups come from the file names, and
+    every other test is its own unit, as with ``--dist load``."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return Groups(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
