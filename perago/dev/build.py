@@ -10,7 +10,6 @@ Helm (to render and lint the worker chart) is built the same way but only on req
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -20,10 +19,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from perago.dev.paths import StackPaths, stack_paths
+from perago.dev.paths import StackPaths, exclusive, stack_paths
 from perago.errors import StackError
 
 __all__ = [
@@ -407,17 +406,11 @@ def find_java(
 # -- all of it ----------------------------------------------------------------------------------
 
 
-@contextmanager
-def _building(paths: StackPaths) -> Iterator[None]:
-    """One build at a time per stack folder: two terminals, or test processes side by side,
-    each find the binaries current, or wait while another process makes them so."""
+def _building(paths: StackPaths) -> AbstractContextManager[None]:
+    """One build at a time per stack folder: a process finds the binaries current, or waits
+    while another makes them so."""
     paths.make()
-    with (paths.run / ".build-lock").open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return exclusive(paths.run / ".build-lock")
 
 
 def build(*, progress: bool = False, helm: bool = False, webui: bool = True) -> None:

@@ -17,8 +17,10 @@ per-user cache folder (``$XDG_CACHE_HOME/perago/stack``, ``~/.cache/perago/stack
 
 from __future__ import annotations
 
+import fcntl
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ __all__ = [
     "RECIPES",
     "SERVICES",
     "StackPaths",
+    "exclusive",
     "find_project_root",
     "stack_paths",
     "user_stack_dir",
@@ -128,3 +131,16 @@ def stack_paths(env: Mapping[str, str] | None = None) -> StackPaths:
     if root is None:
         return StackPaths(root=None, stack=user_stack_dir(env))
     return StackPaths(root=root, stack=root / ".stack")
+
+
+@contextmanager
+def exclusive(lock_file: Path) -> Iterator[None]:
+    """One holder at a time of ``lock_file`` across processes: two terminals, or test
+    processes side by side, each wait while another starts, stops or builds."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

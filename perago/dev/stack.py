@@ -10,7 +10,6 @@ stack's binary, so a recycled pid is never touched.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import secrets
@@ -23,12 +22,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from perago.dev.build import build, conductor_jar, find_java, step
-from perago.dev.paths import SERVICES, StackPaths, stack_paths
+from perago.dev.paths import SERVICES, StackPaths, exclusive, stack_paths
 from perago.errors import StackError
 
 __all__ = [
@@ -339,16 +338,9 @@ def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
         return "(no log)"
 
 
-@contextlib.contextmanager
-def _locked(paths: StackPaths) -> Iterator[None]:
-    """One ``up``/``down`` at a time per stack folder (two terminals, parallel test runs)."""
-    paths.run.mkdir(parents=True, exist_ok=True)
-    with (paths.run / ".lock").open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def _locked(paths: StackPaths) -> contextlib.AbstractContextManager[None]:
+    """One ``up``/``down`` at a time per stack folder."""
+    return exclusive(paths.run / ".lock")
 
 
 def _check_port_free(service: str, port: int) -> None:

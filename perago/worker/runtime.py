@@ -37,6 +37,7 @@ from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
 from perago.publish.joins import check_contains, unpinned_input_ref
+from perago.publish.transaction import release_lease
 from perago.spark import spark_tag
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
@@ -80,7 +81,8 @@ class Finished:
 
     def release(self) -> None:
         """Give the lease back now (a caller that reports nothing)."""
-        Publication("", self.lease).release(wait=True)
+        if self.lease is not None:
+            release_lease(self.lease, wait=True)
 
 
 def _validation_summary(e: ValidationError) -> str:

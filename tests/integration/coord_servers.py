@@ -8,7 +8,6 @@ when ``CI`` is set.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+
+from perago.dev.paths import exclusive
 
 DYNAMODB_LOCAL_MAIN = "com.amazonaws.services.dynamodbv2.local.main.ServerRunner"
 
@@ -106,12 +107,8 @@ def dynamodb_local_dir() -> Path:
     test processes side by side wait for the one fetching them."""
     target = _stack_dir() / "dynamodb"
     target.mkdir(parents=True, exist_ok=True)
-    with (target.parent / ".dynamodb-lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return _fetch_dynamodb_local(target)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive(target.parent / ".dynamodb-lock"):
+        return _fetch_dynamodb_local(target)
 
 
 def _fetch_dynamodb_local(target: Path) -> Path:
