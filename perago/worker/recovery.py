@@ -78,14 +78,18 @@ class AttemptRecords:
         )
         path = self._path(task.task_id, task.poll_count)
         tmp = path.with_suffix(".tmp")
-        for _ in range(3):  # another attempt's end may remove the empty folder meanwhile
-            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for tries_left in reversed(range(5)):
+            # Another attempt's end may remove the empty folder at any point here, even
+            # between mkdir's own "exists" check and its "is a directory" check (which
+            # then raises FileExistsError): try again.
             try:
+                self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
                 tmp.write_text(json.dumps(asdict(record)))
                 os.replace(tmp, path)
                 break
-            except FileNotFoundError:
-                continue
+            except (FileNotFoundError, FileExistsError):
+                if not tries_left:
+                    raise
         return path
 
     def remove(self, path: Path) -> None:

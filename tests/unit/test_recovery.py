@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -102,3 +103,28 @@ def test_a_delivery_close_to_its_response_timeout_is_left_to_conductor(tmp_path:
     _leave_record(records, task, "host-9", _dead_pid())
     stub.get_task = lambda task_id: fresh  # type: ignore[method-assign]
     assert recover(records, stub) == [task.task_id]
+
+
+def test_records_added_while_others_end_never_fail(tmp_path: Path) -> None:
+    """Attempts start and end side by side: an ending one removes the empty folder, even in
+    the middle of another's ``mkdir`` (which then raised FileExistsError: CI, stop 33)."""
+    records = AttemptRecords(tmp_path)
+    stub = StubOrchestrator()
+    tasks = [_delivered(stub, f"wf-{i}", "w") for i in range(4)]
+    errors: list[BaseException] = []
+
+    def churn(task: TaskSnapshot) -> None:
+        try:
+            for _ in range(300):
+                with records.running(task, worker_id="w"):
+                    pass
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in tasks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert not records.folder.exists()
