@@ -20,6 +20,7 @@ from perago.errors import (
     WorkerShutdown,
     WorkspaceError,
 )
+from perago.inputs import Inputs, ResolvedInput
 from perago.task import RemoteWorkspace, TaskDefinition, TaskOptions, WorkspaceSpec, task
 
 __version__ = "0.1.0"
@@ -32,11 +33,13 @@ __all__ = [
     "ConfigError",
     "FenceError",
     "GuardrailError",
+    "Inputs",
     "Interrupt",
     "PeragoError",
     "PublishFenceError",
     # defining tasks
     "RemoteWorkspace",
+    "ResolvedInput",
     "ResultValidationError",
     "StoreError",
     "TaskDefinition",

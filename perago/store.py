@@ -136,9 +136,11 @@ class VersionStore(Protocol):
         self, repository: str, branch: str, path: str, data: bytes, *, if_absent: bool = False
     ) -> None: ...
     def delete_objects(self, repository: str, branch: str, paths: Sequence[str]) -> None: ...
-    def diff_refs(self, repository: str, left: str, right: str) -> list[tuple[str, str]]:
-        """``(kind, path)`` of every object that differs from ``left`` to ``right``; kind is
-        ``added``, ``removed`` or ``changed``."""
+    def diff_refs(
+        self, repository: str, left: str, right: str, *, prefix: str = ""
+    ) -> list[tuple[str, str]]:
+        """``(kind, path)`` of every object under ``prefix`` that differs from ``left`` to
+        ``right``; kind is ``added``, ``removed`` or ``changed``."""
         ...
 
     def copy_object(self, repository: str, source_ref: str, path: str, branch: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +18,8 @@ from typing import Any, Generic, TypeVar, overload
 from pydantic import BaseModel
 
 from perago import lakefs_names as names
-from perago.errors import TaskDefinitionError
+from perago.errors import GuardrailError, TaskDefinitionError
+from perago.inputs import ISOLATION_LEVELS, Isolation, check_input_name, template_overlap
 from perago.prefix_templates import render_prefix, template_fields
 
 __all__ = ["RemoteWorkspace", "TaskDefinition", "TaskOptions", "WorkspaceSpec", "task"]
@@ -61,7 +62,14 @@ def normalize_prefix(prefix: str) -> str:
 
 @dataclass(frozen=True)
 class WorkspaceSpec:
-    """Which lakeFS folder a task sees, and whether it may change it.
+    """Which lakeFS folder a task writes, which it reads, and whether it may change them.
+
+    ``prefix`` is the output: the folder the attempt's workspace holds and publishes.
+    ``inputs`` names read-only folders the task reads beside it (``{"customers":
+    "dims/customers/"}``, templated like the prefix); the body gets them through its
+    ``inputs`` parameter, each read at one commit (the workspace's input ref unless the
+    workflow points it elsewhere). ``isolation="serializable"`` also refuses to publish when
+    an input read from the target branch changed before the publication (docs/protocol.md).
 
     ``in_place=True`` is for data too big to copy: the body receives a
     :class:`RemoteWorkspace` (URIs through the lakeFS S3 gateway) instead of a local ``Path``.
@@ -75,6 +83,8 @@ class WorkspaceSpec:
     read_only: bool = False
     in_place: bool = False
     renames_are_noops: bool | None = None
+    inputs: Mapping[str, str] = field(default_factory=dict, hash=False)
+    isolation: Isolation = "snapshot"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
@@ -84,11 +94,52 @@ class WorkspaceSpec:
                 "WorkspaceSpec(read_only=True, in_place=True) makes no sense: a read-only task "
                 "publishes nothing; drop in_place"
             )
+        if self.isolation not in ISOLATION_LEVELS:
+            raise TaskDefinitionError(
+                f"isolation {self.isolation!r} is not one of {list(ISOLATION_LEVELS)}: "
+                '"snapshot" (the default) or "serializable" (docs/protocol.md, isolation)'
+            )
+        if self.read_only and self.isolation == "serializable":
+            raise TaskDefinitionError(
+                'WorkspaceSpec(read_only=True, isolation="serializable") makes no sense: a '
+                "read-only task publishes nothing, so there is no publication to check; drop "
+                "isolation"
+            )
+        object.__setattr__(self, "inputs", self._checked_inputs(self.inputs))
+
+    def _checked_inputs(self, inputs: object) -> dict[str, str]:
+        if not isinstance(inputs, Mapping):
+            raise TaskDefinitionError(
+                f"WorkspaceSpec inputs must map names to lakeFS folders, e.g. "
+                f'inputs={{"customers": "dims/customers/"}}; got {inputs!r}'
+            )
+        checked = {}
+        for name, prefix in inputs.items():
+            check_input_name(name)
+            try:
+                normalized = normalize_prefix(prefix)
+                template_fields(normalized)
+            except TaskDefinitionError as e:
+                raise TaskDefinitionError(f"input {name!r}: {e.message}") from e
+            if template_overlap(self.prefix, normalized) == "always":
+                raise TaskDefinitionError(
+                    f"input {name!r} ({normalized!r}) overlaps the output prefix "
+                    f"{self.prefix!r}: a task reads its own output through its workspace; "
+                    "point the input at another folder, or drop it"
+                )
+            checked[name] = normalized
+        return dict(sorted(checked.items()))
 
     @property
     def fields(self) -> tuple[str, ...]:
         """The params fields a templated prefix (``"events/day={day}/"``) is filled from."""
         return template_fields(self.prefix)
+
+    @property
+    def input_fields(self) -> tuple[str, ...]:
+        """The params fields the inputs' templates are filled from."""
+        seen = {f: None for p in self.inputs.values() for f in template_fields(p)}
+        return tuple(seen)
 
     def render(self, params: BaseModel) -> str:
         """The attempt's scope: the prefix with its fields filled from ``params``.
@@ -99,10 +150,31 @@ class WorkspaceSpec:
             return self.prefix
         return normalize_prefix(render_prefix(self.prefix, dict(params)))
 
+    def render_inputs(self, params: BaseModel) -> dict[str, str]:
+        """Each input's folder with its fields filled from ``params`` (``GuardrailError`` for
+        a bad value, or an input that then overlaps the rendered output)."""
+        values = dict(params)
+        scope = self.render(params)
+        rendered = {}
+        for name, template in self.inputs.items():
+            try:
+                prefix = normalize_prefix(render_prefix(template, values))
+            except TaskDefinitionError as e:
+                raise GuardrailError(f"input {name!r}: {e.message}") from e
+            rendered[name] = prefix
+            if template_overlap(scope, prefix) != "never":
+                raise GuardrailError(
+                    f"input {name!r} renders to {prefix!r}, which overlaps the output "
+                    f"{scope!r} with these params: a task reads its own output through its "
+                    "workspace; fix the params or the task's inputs"
+                )
+        return rendered
+
 
 @dataclass(frozen=True)
 class RemoteWorkspace:
-    """What an in-place task body gets: where to read its input and write its output."""
+    """What an in-place task body gets: where to read its input and write its output, and
+    each named input's ``s3a://`` URI at the commit it is read at."""
 
     input_uri: str
     output_uri: str
@@ -110,6 +182,7 @@ class RemoteWorkspace:
     input_ref: str
     staging_branch: str
     prefix: str
+    inputs: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -152,6 +225,8 @@ class TaskDefinition(Generic[P, R]):
     result_type: type[R]
     options: TaskOptions = field(default_factory=TaskOptions)
     wants_spark: bool = False
+    #: The body takes an ``inputs`` parameter (perago.inputs.Inputs).
+    wants_inputs: bool = False
     #: A task the worker runs itself (``perago.wap``), not a body: its name, else "".
     system: str = ""
 
@@ -169,20 +244,40 @@ def _check_model(annotation: Any, what: str, fn_name: str) -> type[BaseModel]:
     return annotation
 
 
-def _inspect(fn: Callable[..., Any], spec: WorkspaceSpec) -> tuple[type[Any], type[Any], bool]:
+@dataclass(frozen=True)
+class _Shape:
+    params_type: type[Any]
+    result_type: type[Any]
+    wants_spark: bool
+    wants_inputs: bool
+
+
+#: The parameters a body may take after ``workspace`` and ``params``, by name.
+_OPTIONAL = ("inputs", "spark")
+
+
+def _inspect(fn: Callable[..., Any], spec: WorkspaceSpec) -> _Shape:
     name = getattr(fn, "__qualname__", repr(fn))
     try:
         hints = typing.get_type_hints(fn)
     except Exception as e:
         raise TaskDefinitionError(f"task function {name!r}: cannot resolve annotations: {e}") from e
     params = list(inspect.signature(fn).parameters.values())
-    if len(params) not in (2, 3) or any(
+    shape = (
+        "fn(workspace: Path, params: Params) -> Result, optionally with the parameters "
+        "inputs: Inputs (for WorkspaceSpec inputs) and spark: SparkSession"
+    )
+    if len(params) < 2 or any(
         p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params[:2]
     ):
-        raise TaskDefinitionError(
-            f"task function {name!r} must look like fn(workspace: Path, params: Params) -> Result "
-            "(optionally with a third parameter spark: SparkSession)"
-        )
+        raise TaskDefinitionError(f"task function {name!r} must look like {shape}")
+    extra = params[2:]
+    for p in extra:
+        if p.name not in _OPTIONAL or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            raise TaskDefinitionError(
+                f"task function {name!r}: unexpected parameter {p.name!r}; the only optional "
+                f"parameters are {' and '.join(_OPTIONAL)} (a task must look like {shape})"
+            )
     ws_type = hints.get(params[0].name)
     expected = RemoteWorkspace if spec.in_place else Path
     if ws_type is not expected:
@@ -192,22 +287,32 @@ def _inspect(fn: Callable[..., Any], spec: WorkspaceSpec) -> tuple[type[Any], ty
             f"for {mode}, got {ws_type!r}"
         )
     params_type = _check_model(hints.get(params[1].name), "the params parameter", name)
-    missing = [f for f in spec.fields if f not in params_type.model_fields]
-    if missing:
-        raise TaskDefinitionError(
-            f"task function {name!r}: the workspace prefix {spec.prefix!r} is filled from "
-            f"params fields {missing}, which {params_type.__name__} does not declare; add them "
-            "(each a value that is one path segment, e.g. a date string)"
-        )
-    result_type = _check_model(hints.get("return"), "the return type", name)
-    wants_spark = False
-    if len(params) == 3:
-        if params[2].name != "spark":
+    for what, template, fields in [
+        ("the workspace prefix", spec.prefix, spec.fields),
+        *[(f"input {k!r}", v, template_fields(v)) for k, v in spec.inputs.items()],
+    ]:
+        missing = [f for f in fields if f not in params_type.model_fields]
+        if missing:
             raise TaskDefinitionError(
-                f"task function {name!r}: the only optional third parameter is `spark`"
+                f"task function {name!r}: {what} {template!r} is filled from params fields "
+                f"{missing}, which {params_type.__name__} does not declare; add them (each a "
+                "value that is one path segment, e.g. a date string)"
             )
-        wants_spark = True
-    return params_type, result_type, wants_spark
+    result_type = _check_model(hints.get("return"), "the return type", name)
+    takes = {p.name for p in extra}
+    wants_inputs = "inputs" in takes
+    if wants_inputs and not spec.inputs:
+        raise TaskDefinitionError(
+            f"task function {name!r} takes `inputs` but its WorkspaceSpec declares none; add "
+            'inputs={"name": "folder/"} to the WorkspaceSpec, or drop the parameter'
+        )
+    if spec.inputs and not wants_inputs and not spec.in_place:
+        raise TaskDefinitionError(
+            f"task function {name!r}: its WorkspaceSpec declares inputs {sorted(spec.inputs)} "
+            "but the function has no `inputs` parameter to receive them; add "
+            "`inputs: Inputs` after `params`"
+        )
+    return _Shape(params_type, result_type, "spark" in takes, wants_inputs)
 
 
 class _Decorator:
@@ -222,16 +327,21 @@ class _Decorator:
     def __call__(self, fn: Callable[[RemoteWorkspace, P], R]) -> TaskDefinition[P, R]: ...
     @overload
     def __call__(self, fn: Callable[[RemoteWorkspace, P, Any], R]) -> TaskDefinition[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[[Path, P, Any, Any], R]) -> TaskDefinition[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[[RemoteWorkspace, P, Any, Any], R]) -> TaskDefinition[P, R]: ...
     def __call__(self, fn: Callable[..., Any]) -> TaskDefinition[Any, Any]:
-        params_type, result_type, wants_spark = _inspect(fn, self._workspace)
+        shape = _inspect(fn, self._workspace)
         return TaskDefinition(
             name=self._name,
             fn=fn,
             workspace=self._workspace,
-            params_type=params_type,
-            result_type=result_type,
+            params_type=shape.params_type,
+            result_type=shape.result_type,
             options=self._options,
-            wants_spark=wants_spark,
+            wants_spark=shape.wants_spark,
+            wants_inputs=shape.wants_inputs,
         )
 
 

@@ -1,6 +1,7 @@
-"""What a Perago task takes and gives in Conductor: ``{"workspace", "params"}`` in,
-``{"workspace", "result"}`` out, as pydantic models and as the JSON schemas registered with
-each task definition (``inputSchema``/``outputSchema``), so Conductor's side documents them.
+"""What a Perago task takes and gives in Conductor: ``{"workspace", "params", "inputs"}``
+in, ``{"workspace", "result", "inputs"}`` out, as pydantic models and as the JSON schemas
+registered with each task definition (``inputSchema``/``outputSchema``), so Conductor's
+side documents them.
 """
 
 from __future__ import annotations
@@ -11,18 +12,47 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from perago.task import TaskDefinition
 
-__all__ = ["WorkspaceInput", "WorkspaceOutput", "input_schema", "output_schema"]
+__all__ = [
+    "InputOutput",
+    "InputSourceOverride",
+    "WorkspaceInput",
+    "WorkspaceOutput",
+    "input_schema",
+    "output_schema",
+]
+
+_REPOSITORY = r"^[a-z0-9][a-z0-9-]{2,62}$"
 
 
 class WorkspaceInput(BaseModel):
     """The ``workspace`` part of a task's input."""
 
     model_config = ConfigDict(extra="forbid")
-    repository: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9-]{2,62}$")
+    repository: str = Field(min_length=3, max_length=63, pattern=_REPOSITORY)
     branch: str = Field(min_length=1, max_length=256, pattern=r"^\w[-\w]*$")
     ref: str | None = Field(default=None, min_length=1, max_length=256)
     #: Join refs: start from the branch head, which must contain each of these commits.
     after: list[str] | None = Field(default=None, max_length=1000)
+
+
+class InputSourceOverride(BaseModel):
+    """Where the workflow points one named input (``"inputs": {"customers": {...}}``):
+    another repository, and/or a branch, tag or commit. A missing ``ref`` means the
+    repository's default branch (another repository) or the workspace's input ref (this one).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    repository: str | None = Field(default=None, min_length=3, max_length=63, pattern=_REPOSITORY)
+    ref: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class InputOutput(BaseModel):
+    """One input as a COMPLETED task's output lists it: where it was read, to the commit."""
+
+    repository: str
+    ref: str
+    commit: str
+    prefix: str
 
 
 class WorkspaceOutput(BaseModel):
@@ -43,22 +73,42 @@ def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 
 def input_schema(defn: TaskDefinition[Any, Any]) -> dict[str, Any]:
-    """JSON schema of the task's input: the workspace and the params model."""
-    return _object(
-        {
-            "workspace": WorkspaceInput.model_json_schema(),
-            "params": defn.params_type.model_json_schema(),
-        },
-        ["workspace"],
-    )
+    """JSON schema of the task's input: the workspace, the params model and, for a task
+    with named inputs, where the workflow may point each (all optional)."""
+    properties = {
+        "workspace": WorkspaceInput.model_json_schema(),
+        "params": defn.params_type.model_json_schema(),
+    }
+    if defn.workspace.inputs:
+        override = InputSourceOverride.model_json_schema()
+        properties["inputs"] = {
+            "type": ["object", "null"],
+            "properties": {
+                name: {
+                    "anyOf": [override, {"type": "null"}],
+                    "description": f"Input {name!r}, by default {prefix} at the workspace's "
+                    "input ref; null or absent: the default",
+                }
+                for name, prefix in defn.workspace.inputs.items()
+            },
+            "additionalProperties": False,
+        }
+    return _object(properties, ["workspace"])
 
 
 def output_schema(defn: TaskDefinition[Any, Any]) -> dict[str, Any]:
-    """JSON schema of a COMPLETED task's output: the published ref and the result model."""
-    return _object(
-        {
-            "workspace": WorkspaceOutput.model_json_schema(),
-            "result": defn.result_type.model_json_schema(),
-        },
-        ["workspace", "result"],
-    )
+    """JSON schema of a COMPLETED task's output: the published ref, the result model and,
+    for a task with named inputs, the commit each was read at."""
+    properties = {
+        "workspace": WorkspaceOutput.model_json_schema(),
+        "result": defn.result_type.model_json_schema(),
+    }
+    required = ["workspace", "result"]
+    if defn.workspace.inputs:
+        properties["inputs"] = {
+            "type": "object",
+            "properties": {name: InputOutput.model_json_schema() for name in defn.workspace.inputs},
+            "additionalProperties": False,
+        }
+        required.append("inputs")
+    return _object(properties, required)

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
@@ -28,7 +28,14 @@ from typing import IO, Any, Literal, TypeVar
 from pydantic import BaseModel
 
 from perago.context import AttemptInfo, attempt_context
-from perago.errors import ConflictError, NotFoundError, OrchestratorError, StoreError
+from perago.errors import (
+    ConflictError,
+    NotFoundError,
+    OrchestratorError,
+    StoreError,
+    TaskDefinitionError,
+)
+from perago.inputs import Inputs, ResolvedInput
 from perago.orchestrator import IN_PROGRESS, Outcome, TaskSnapshot
 from perago.store import Commit, DownloadJob, ObjectInfo, UploadJob, download_one
 from perago.task import RemoteWorkspace, TaskDefinition
@@ -315,8 +322,12 @@ class MemoryStore:
             for p in paths:
                 staged[p] = None
 
-    def diff_refs(self, repository: str, left: str, right: str) -> list[tuple[str, str]]:
+    def diff_refs(
+        self, repository: str, left: str, right: str, *, prefix: str = ""
+    ) -> list[tuple[str, str]]:
         a, b = self.tree(repository, left), self.tree(repository, right)
+        a = {p: v for p, v in a.items() if p.startswith(prefix)}
+        b = {p: v for p, v in b.items() if p.startswith(prefix)}
         out = [("removed", p) for p in a if p not in b]
         out += [("added", p) for p in b if p not in a]
         out += [("changed", p) for p in b if p in a and a[p] != b[p]]
@@ -777,26 +788,49 @@ class TaskEnvironment:
         defn: TaskDefinition[P, R],
         workspace: Path | RemoteWorkspace,
         params: P | dict[str, Any] | None = None,
+        *,
+        inputs: Mapping[str, Path | str] | None = None,
     ) -> R:
+        """``inputs`` maps each of the task's named inputs to a folder (or URI) of test data."""
         from perago.worker.runtime import check_param_keys, check_result
 
         raw = params.model_dump() if isinstance(params, BaseModel) else params or {}
         check_param_keys(defn, raw)  # as the worker does by default (PERAGO_PARAMS_EXTRA)
         checked = defn.params_type.model_validate(raw)
         current = replace(self.info, task_type=self._info.get("task_type", defn.name))
+        kwargs: dict[str, Any] = {}
+        if defn.wants_spark:
+            kwargs["spark"] = self.spark
+        if defn.wants_inputs:
+            kwargs["inputs"] = self._inputs(defn, checked, inputs or {})
         with attempt_context(current):
-            if defn.wants_spark:
-                result = defn.fn(workspace, checked, spark=self.spark)
-            else:
-                result = defn.fn(workspace, checked)
+            result = defn.fn(workspace, checked, **kwargs)
         return check_result(defn, result)  # type: ignore[return-value]
+
+    def _inputs(
+        self, defn: TaskDefinition[Any, Any], params: BaseModel, given: Mapping[str, Path | str]
+    ) -> Inputs[Path | str]:
+        declared = defn.workspace.render_inputs(params)
+        if set(given) != set(declared):
+            raise TaskDefinitionError(
+                f"{defn.name} declares the inputs {sorted(declared)}; pass exactly those to "
+                f"run(..., inputs={{...}}), got {sorted(given)}"
+            )
+        info = self.info
+        sources = {
+            name: ResolvedInput(name, info.repository, "", info.input_ref, prefix, True)
+            for name, prefix in declared.items()
+        }
+        return Inputs(dict(given), sources)
 
 
 def run_task(
     defn: TaskDefinition[P, R],
     workspace: Path | RemoteWorkspace,
     params: P | dict[str, Any] | None = None,
+    *,
+    inputs: Mapping[str, Path | str] | None = None,
     **info: Any,
 ) -> R:
     """One call of :class:`TaskEnvironment`: ``run_task(my_task, tmp_path, {"n": 1})``."""
-    return TaskEnvironment(**info).run(defn, workspace, params)
+    return TaskEnvironment(**info).run(defn, workspace, params, inputs=inputs)

@@ -583,26 +583,29 @@ class LakeFSStore:
                 return
             after = pagination["next_offset"]
 
-    def diff_refs(self, repository: str, left: str, right: str) -> list[tuple[str, str]]:
+    def diff_refs(
+        self, repository: str, left: str, right: str, *, prefix: str = ""
+    ) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         after = ""
         while True:
-            page = self._diff_page(repository, left, right, after)
+            page = self._diff_page(repository, left, right, after, prefix)
             out += [(str(d.type), str(d.path)) for d in page.results if d.path_type == "object"]
             if not page.pagination.has_more:
                 return out
             after = page.pagination.next_offset
 
     @_retry_idempotent
-    def _diff_page(self, repository: str, left: str, right: str, after: str) -> Any:
+    def _diff_page(self, repository: str, left: str, right: str, after: str, prefix: str) -> Any:
         return self._call(
-            f"diff {repository} {left}..{right}",
+            f"diff {repository} {left}..{right}" + (f" under {prefix}" if prefix else ""),
             self.refs.diff_refs,
             repository,
             left,
             right,
             after=after or None,
             amount=1000,
+            prefix=prefix or None,
         )
 
     @_retry_idempotent

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from perago import lakefs_names as names
+from perago.inputs import ResolvedInput
 from perago.store import Commit
 
 __all__ = [
@@ -26,11 +27,22 @@ staging_prefix = names.staging_prefix
 
 @dataclass(frozen=True)
 class WorkspaceTarget:
-    """The resolved workspace input: target branch and the pinned input commit."""
+    """The resolved workspace input: target branch and the pinned input commit, and what
+    the attempt reads beside it (its named inputs, each at one commit)."""
 
     repository: str
     branch: str
     input_ref: str
+    reads: tuple[ResolvedInput, ...] = ()
+    #: Refuse to publish over a head where an input read from this branch changed.
+    serializable: bool = False
+
+    def reads_metadata(self) -> dict[str, str]:
+        """``perago.input.<name>: repository@commit/prefix`` for every input read."""
+        out: dict[str, str] = {}
+        for read in self.reads:
+            out.update(read.metadata())
+        return out
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from perago.publish.identity import (
     WorkspaceTarget,
     staging_branch_name,
 )
+from perago.publish.reads import check_reads
 from perago.publish.scope import scope_markers
 from perago.steps import Boundary
 from perago.store import Commit, VersionStore
@@ -350,7 +351,10 @@ class Publisher:
             repo,
             branch,
             message=f"perago: stage {me.task_type} ({me.reference_name}) of {me.workflow_id}",
-            metadata=me.metadata(target.input_ref, kind="staged", **token),
+            metadata={
+                **me.metadata(target.input_ref, kind="staged", **token),
+                **target.reads_metadata(),
+            },
         )
         if commit.parents[:1] != (target.input_ref,):
             raise StoreError(
@@ -372,6 +376,8 @@ class Publisher:
         repo = target.repository
         head, history = self._read_head(target)
         decision = decide_publication(head, target.input_ref, me, history)
+        if decision is not HeadDecision.LANDED:  # landed: checked when it was published
+            check_reads(self._store, target, head, history)
         log.info("publish_fence_passed", decision=decision.value, head=head.id)
         steps.reached(Boundary.AFTER_PUBLISH_FENCE)
         if decision is HeadDecision.LANDED:
@@ -409,6 +415,7 @@ class Publisher:
                     raise PublishFenceError(f"{error.message}; then: {fence.message}") from e
                 if decision is not HeadDecision.BESIDE:
                     raise error from e
+                check_reads(self._store, target, head, history)
                 log.info("publish_fence_passed", decision=decision.value, head=head.id, again=True)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -431,6 +438,7 @@ class Publisher:
             **({} if lease is None else {"fencing_token": str(lease.token)}),
             **extra,
         )
+        metadata.update(target.reads_metadata())
 
         def merge(timeout: float | None) -> str:
             return self._store.merge(
@@ -587,6 +595,9 @@ class Publisher:
     ) -> str:
         head, history = self._read_head(target)
         decision = decide_publication(head, target.input_ref, me, history)
+        if decision is not HeadDecision.LANDED:
+            # a no-op completes saying the output is what its inputs give: the same check
+            check_reads(self._store, target, head, history)
         if decision in (HeadDecision.FIRST, HeadDecision.BESIDE):
             # BESIDE: only disjoint siblings published since the input ref; nothing to move
             log.info("noop_completed", ref=target.input_ref, head=head.id)

@@ -31,6 +31,7 @@ from perago.errors import (
     WorkerShutdown,
 )
 from perago.failure_text import describe
+from perago.inputs import Inputs
 from perago.lakefs_names import wap_branch_name
 from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
@@ -44,6 +45,7 @@ from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.task_io import WorkspaceInput
 from perago.worker.attempt import RunningAttempt
+from perago.worker.inputs import local_inputs, remote_inputs, resolve_inputs
 from perago.workspace import (
     AttemptDirectory,
     ContentCache,
@@ -290,7 +292,10 @@ class AttemptRunner:
                     f"ref {ws.ref!r} does not exist in {ws.repository!r}; pass a commit id "
                     "(or omit ref to start from the branch head)"
                 ) from e
-        return WorkspaceTarget(ws.repository, ws.branch, input_ref), params
+        target = WorkspaceTarget(ws.repository, ws.branch, input_ref)
+        reads = resolve_inputs(self._store, defn, raw.get("inputs"), target, params)
+        serializable = defn.workspace.isolation == "serializable"
+        return replace(target, reads=reads, serializable=serializable), params
 
     def _run_checked(self, attempt: RunningAttempt) -> Finished:
         try:
@@ -427,8 +432,23 @@ class AttemptRunner:
         log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
         metrics.FILES.labels("download").inc(len(manifest.entries))
         metrics.BYTES.labels("download").inc(manifest.total_bytes)
+        inputs = (
+            local_inputs(
+                self._store,
+                target.reads,
+                attempt_dir.root / "inputs",
+                parallelism=self._settings.transfer_parallelism,
+                cache=self.cache,
+            )
+            if target.reads
+            else None
+        )
         steps.reached(Boundary.AFTER_MATERIALIZE)
-        checked = self._body_and_checks(attempt, attempt_dir.workspace)
+        checked = self._body_and_checks(
+            attempt, attempt_dir.workspace, inputs.view if inputs else None
+        )
+        if inputs is not None:
+            inputs.check_unchanged()
         if attempt.defn.workspace.read_only:
             log.info("read_only_completed", ref=target.input_ref)
             return self._completed(target, Publication(target.input_ref), checked)
@@ -453,6 +473,7 @@ class AttemptRunner:
         staging = self._publisher.open_in_place(me, target)
         repo = target.repository
         try:
+            inputs = remote_inputs(target.reads)
             remote = RemoteWorkspace(
                 input_uri=f"s3a://{repo}/{target.input_ref}/{prefix}",
                 output_uri=f"s3a://{repo}/{staging}/{prefix}",
@@ -460,8 +481,9 @@ class AttemptRunner:
                 input_ref=target.input_ref,
                 staging_branch=staging,
                 prefix=prefix,
+                inputs=dict(inputs),
             )
-            checked = self._body_and_checks(attempt, remote)
+            checked = self._body_and_checks(attempt, remote, inputs)
         except BaseException:
             self._publisher.cancel(repo, staging)
             raise
@@ -470,16 +492,23 @@ class AttemptRunner:
         publication = self._publisher.publish_in_place(me, target, prefix=prefix)
         return self._completed(target, publication, checked)
 
-    def _body_and_checks(self, attempt: RunningAttempt, workspace: Any) -> BaseModel:
+    def _body_and_checks(
+        self, attempt: RunningAttempt, workspace: Any, inputs: Inputs[Any] | None = None
+    ) -> BaseModel:
         attempt.step = Phase.BODY
-        result = self._call_body(attempt, workspace)
+        result = self._call_body(attempt, workspace, inputs)
         log.info("body_finished")
         steps.reached(Boundary.AFTER_BODY)
         attempt.step = Phase.POST_GUARDRAIL
         return check_result(attempt.defn, result)
 
-    def _call_body(self, attempt: RunningAttempt, workspace: Any) -> Any:
+    def _call_body(
+        self, attempt: RunningAttempt, workspace: Any, inputs: Inputs[Any] | None
+    ) -> Any:
         defn, params = attempt.defn, attempt.params
+        kwargs: dict[str, Any] = {}
+        if defn.wants_inputs:
+            kwargs["inputs"] = inputs
         with attempt_context(attempt.info()):
             if defn.wants_spark:
                 if self._spark is None:
@@ -496,28 +525,28 @@ class AttemptRunner:
                 if tagging:
                     session.addTag(tag)
                 try:
-                    return defn.fn(workspace, params, spark=session)
+                    return defn.fn(workspace, params, spark=session, **kwargs)
                 finally:
                     if tagging:
                         with contextlib.suppress(Exception):  # a dead JVM: nothing to untag
                             session.removeTag(tag)
-            return defn.fn(workspace, params)
+            return defn.fn(workspace, params, **kwargs)
 
     @staticmethod
     def _completed(
         target: WorkspaceTarget, publication: Publication, result: BaseModel
     ) -> Finished:
-        outcome = Outcome(
-            "COMPLETED",
-            output={
-                "workspace": {
-                    "repository": target.repository,
-                    "branch": target.branch,
-                    "ref": publication.ref,
-                },
-                "result": result.model_dump(mode="json"),
+        output: dict[str, Any] = {
+            "workspace": {
+                "repository": target.repository,
+                "branch": target.branch,
+                "ref": publication.ref,
             },
-        )
+            "result": result.model_dump(mode="json"),
+        }
+        if target.reads:
+            output["inputs"] = {read.name: read.as_output() for read in target.reads}
+        outcome = Outcome("COMPLETED", output=output)
         return Finished(outcome, publication.lease)
 
 

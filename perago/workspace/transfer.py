@@ -91,13 +91,16 @@ def materialize(
     *,
     parallelism: int,
     cache: ContentCache | None = None,
+    share: bool = False,
 ) -> Manifest:
     """Download ``prefix`` at ``ref`` into ``root`` and return what was written.
 
     With a ``cache``, objects it holds are moved out of it instead (or copied, see
-    :mod:`perago.workspace.cache`), and every file written is vouched for, so the cache can
-    adopt it once the attempt ends. The manifest takes lakeFS's checksum where it is the
-    content MD5, so bytes are not hashed on the way in; sizes are always checked.
+    :mod:`perago.workspace.cache`; always copied with ``share``, for read-only inputs that
+    other attempts of this worker read at the same time), and every file written is vouched
+    for, so the cache can adopt it once the attempt ends. The manifest takes lakeFS's
+    checksum where it is the content MD5, so bytes are not hashed on the way in; sizes are
+    always checked.
     """
     manifest = Manifest()
     # Zero-byte "folder/" markers (made by S3 consoles and tools) are directories, not files.
@@ -144,7 +147,13 @@ def materialize(
     try:
         # Cache hits first, on this thread: a rename is cheaper than handing it to a pool.
         misses: list[tuple[ObjectInfo, Path]] = []
-        take = None if cache is None else cache.lend if cache.can_lend(root) else cache.copy_to
+        take = (
+            None
+            if cache is None
+            else cache.lend
+            if cache.can_lend(root) and not share
+            else cache.copy_to
+        )
         for obj, dest in targets:
             key = ContentCache.key(obj.checksum, obj.physical_address, obj.size)
             if take is None or key is None:

@@ -194,6 +194,7 @@ def test_import_perago_loads_only_the_task_api() -> None:
         "perago",
         "perago.context",
         "perago.errors",
+        "perago.inputs",
         "perago.lakefs_names",
         "perago.prefix_templates",
         "perago.task",

@@ -1,0 +1,203 @@
+"""An attempt's named inputs: resolve each to one commit, then hand the body a view of it.
+
+Resolution happens with the pre-guardrails, before the body runs: an input the workflow
+points nowhere valid, or that holds nothing at its commit, is a terminal error and nothing
+is published. Locally, every input is downloaded into ``<attempt>/inputs/<name>/`` (through
+the worker's content cache, shared, not lent: a dimension read by every partition of a
+fan-out is downloaded once per worker) and made read-only; in place, the body gets
+``s3a://`` URIs at the commits.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from perago import metrics
+from perago.errors import GuardrailError, NotFoundError, WorkspaceError
+from perago.inputs import Inputs, ResolvedInput, unknown_override
+from perago.publish.identity import WorkspaceTarget
+from perago.store import VersionStore
+from perago.task import TaskDefinition
+from perago.task_io import InputSourceOverride
+from perago.workspace import ContentCache, Manifest, compute_diff, materialize
+
+__all__ = ["LocalInputs", "local_inputs", "remote_inputs", "resolve_inputs"]
+
+log = structlog.get_logger("perago.worker.attempt")
+
+
+def _overrides(
+    defn: TaskDefinition[Any, Any], raw: object, declared: Mapping[str, str]
+) -> dict[str, InputSourceOverride]:
+    """The task input's ``inputs``: absent or null means every input takes its default."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise GuardrailError(
+            f'the task input\'s "inputs" must be an object naming inputs of {defn.name}, e.g. '
+            '{"customers": {"repository": "reference", "ref": "v2024"}}; got '
+            f"{type(raw).__name__}"
+        )
+    unknown = sorted(str(k) for k in raw if k not in declared)
+    if unknown:
+        raise unknown_override(unknown, declared, defn.name)
+    out = {}
+    for name, value in raw.items():
+        if value is None:
+            continue
+        try:
+            out[name] = InputSourceOverride.model_validate(value)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(map(str, err['loc'])) or '(root)'}: {err['msg']}" for err in e.errors()
+            )
+            raise GuardrailError(
+                f"input {name!r} of {defn.name}: invalid source ({problems}); give "
+                '{"repository": "<repository>", "ref": "<branch, tag or commit>"} (both optional)'
+            ) from e
+    return out
+
+
+def resolve_inputs(
+    store: VersionStore,
+    defn: TaskDefinition[Any, Any],
+    raw: object,
+    target: WorkspaceTarget,
+    params: Any,
+) -> tuple[ResolvedInput, ...]:
+    """Every declared input, resolved to the commit this attempt reads it at."""
+    if not defn.workspace.inputs:
+        if raw:
+            named = sorted(map(str, raw)) if isinstance(raw, dict) else [repr(raw)]
+            raise unknown_override(named, {}, defn.name)
+        return ()
+    declared = defn.workspace.render_inputs(params)
+    overrides = _overrides(defn, raw, declared)
+    resolved = []
+    for name, prefix in declared.items():
+        source = overrides.get(name, InputSourceOverride())
+        repository = source.repository or target.repository
+        ref = source.ref or ""
+        if repository != target.repository and not store.repository_exists(repository):
+            raise GuardrailError(
+                f"input {name!r}: lakeFS repository {repository!r} does not exist; create it "
+                "or fix the workflow's inputs"
+            )
+        if not ref and repository != target.repository:
+            ref = store.default_branch(repository)
+        if ref:
+            try:
+                commit = store.get_commit(repository, ref).id
+            except NotFoundError as e:
+                raise GuardrailError(
+                    f"input {name!r}: ref {ref!r} does not exist in {repository!r}; name a "
+                    "branch, tag or commit there (or drop the override to read the workspace's "
+                    "input ref)"
+                ) from e
+        else:
+            commit = target.input_ref
+        on_target = repository == target.repository and ref in ("", target.branch)
+        if next(iter(store.list_objects(repository, commit, prefix)), None) is None:
+            raise GuardrailError(
+                f"input {name!r}: nothing under {prefix!r} in {repository}@{commit[:12]}"
+                + (f" ({ref})" if ref else "")
+                + "; write that folder first (an earlier step), point the input elsewhere in "
+                'the workflow ("inputs"), or fix the task\'s WorkspaceSpec'
+            )
+        resolved.append(ResolvedInput(name, repository, ref, commit, prefix, on_target))
+    log.info("inputs_resolved", inputs={r.name: r.location for r in resolved})
+    return tuple(resolved)
+
+
+_READ = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+_READ_LIST = _READ | stat.S_IXUSR | stat.S_IXGRP
+
+
+def _read_only(manifest: Manifest, root: Path) -> Manifest:
+    """Files 0444, then folders 0555: a body writing to an input fails at once (unless it
+    runs as root: :meth:`LocalInputs.check_unchanged` catches that). Returns the manifest
+    with the stats the files have now (a chmod stamps a new ctime), settled again, so the
+    check after the body costs one stat per file."""
+    fresh = Manifest()
+    for entry in manifest.entries.values():
+        path = root / entry.path
+        os.chmod(path, _READ)
+        st = os.stat(path)
+        fresh.add(replace(entry, ctime_ns=st.st_ctime_ns, ino=st.st_ino))
+    fresh.settle(root)  # writes a probe file: before the folders are read-only
+    for folder, _dirs, _files in os.walk(root, topdown=False):
+        os.chmod(folder, _READ_LIST)
+    return fresh
+
+
+class LocalInputs:
+    """The inputs downloaded for one attempt: the body's view, and the check that the body
+    left them as they were (file modes do not stop a body running as root)."""
+
+    def __init__(self, reads: tuple[ResolvedInput, ...], views: dict[str, Path]) -> None:
+        self.view: Inputs[Path] = Inputs(views, {r.name: r for r in reads})
+        self.manifests: dict[str, Manifest] = {}
+
+    def check_unchanged(self) -> None:
+        """``WorkspaceError`` (terminal) if the body changed, added or removed an input file."""
+        for name, manifest in self.manifests.items():
+            diff = compute_diff(manifest, self.view[name])
+            if not diff.is_empty:
+                paths = [*diff.added, *diff.changed, *diff.deleted][:5]
+                raise WorkspaceError(
+                    f"the body changed its input {name!r} ({', '.join(paths)}); inputs are "
+                    "read-only and nothing was published: write what the task produces into its "
+                    "workspace",
+                    non_retryable=True,
+                )
+
+
+def local_inputs(
+    store: VersionStore,
+    reads: tuple[ResolvedInput, ...],
+    root: Path,
+    *,
+    parallelism: int,
+    cache: ContentCache | None,
+) -> LocalInputs:
+    """Download every input into ``root/<name>/``, read-only; the body's ``inputs``."""
+    local = LocalInputs(reads, {r.name: root / r.name for r in reads})
+    for read in reads:
+        dest = root / read.name
+        manifest = materialize(
+            store,
+            read.repository,
+            read.commit,
+            read.prefix,
+            dest,
+            parallelism=parallelism,
+            cache=cache,
+            share=True,
+        )
+        if cache is not None:  # now, not after the report: concurrent siblings hit it
+            cache.adopt(dest)
+        local.manifests[read.name] = _read_only(manifest, dest)
+        log.info(
+            "input_materialized",
+            input=read.name,
+            location=read.location,
+            files=len(manifest.entries),
+            bytes=manifest.total_bytes,
+        )
+        metrics.FILES.labels("download").inc(len(manifest.entries))
+        metrics.BYTES.labels("download").inc(manifest.total_bytes)
+    return local
+
+
+def remote_inputs(reads: tuple[ResolvedInput, ...]) -> Inputs[str]:
+    """Each input's ``s3a://repository/commit/prefix`` URI (the lakeFS S3 gateway)."""
+    views = {r.name: f"s3a://{r.repository}/{r.commit}/{r.prefix}" for r in reads}
+    return Inputs(views, {r.name: r for r in reads})
