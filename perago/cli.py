@@ -313,6 +313,13 @@ def _split_target(target: str) -> tuple[str, str | None]:
     return repository, branch or None
 
 
+def _short(location: str) -> str:
+    """``repository@commit/prefix`` with the commit id cut to 12 characters."""
+    repository, _, rest = location.partition("@")
+    commit, _, prefix = rest.partition("/")
+    return f"{repository}@{commit[:12]}/{prefix}"
+
+
 @app.command("log")
 def log_(
     target: Annotated[
@@ -326,8 +333,9 @@ def log_(
     ] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array, for scripts.")] = False,
 ) -> None:
-    """Perago's publications on a branch: workflow, step, attempt, scope, fencing token, and
-    links to the commit in the lakeFS UI and the workflow in Conductor's API."""
+    """Perago's publications on a branch: workflow, step, attempt, scope, the inputs it read
+    (each at its commit), fencing token, and links to the commit in the lakeFS UI and the
+    workflow in Conductor's API."""
     from perago import wiring
     from perago.publish.history import branch_publications
 
@@ -366,6 +374,7 @@ def log_(
         "step",
         "attempt",
         "scope",
+        "inputs",
         "token",
         "lakeFS UI",
         "Conductor API",
@@ -381,6 +390,7 @@ def log_(
             r.step,
             f"retry {r.retry_count}, poll {r.poll_count}",
             r.scope or "",
+            "\n".join(f"{name}={_short(where)}" for name, where in r.inputs.items()),
             r.fencing_token or "",
             r.lakefs_url,
             r.conductor_url,

@@ -1,7 +1,8 @@
 """Check workflow definitions against the Perago tasks they use, before Conductor runs them.
 
-A workflow that hands a task bad constant params, no workspace, or no value for a templated
-prefix field would fail at run time, possibly after earlier steps published. ``perago
+A workflow that hands a task bad constant params, no workspace, no value for a templated
+prefix field, or points an input the task does not declare (or at no valid source) would
+fail at run time, possibly after earlier steps published. ``perago
 register`` runs this over every task, nested ones included (FORK_JOIN branches, DYNAMIC
 fork settings, DO_WHILE bodies, SWITCH cases, inline SUB_WORKFLOW definitions), and reports
 every problem naming the workflow, the task reference and what to fix.
@@ -16,8 +17,9 @@ from pydantic import ValidationError
 
 from perago.errors import GuardrailError
 from perago.orchestrator import WorkflowStep
-from perago.prefix_templates import render_prefix
+from perago.prefix_templates import render_prefix, template_fields
 from perago.task import TaskDefinition
+from perago.task_io import InputSourceOverride
 
 __all__ = ["workflow_problems"]
 
@@ -32,6 +34,7 @@ def _task_problems(defn: TaskDefinition[Any, Any], inputs: Any) -> list[str]:
     problems = [
         f'inputParameters lack "{key}"' for key in ("workspace", "params") if key not in inputs
     ]
+    problems += _input_source_problems(defn, inputs.get("inputs"))
     params = inputs.get("params")
     if params is None or _is_expression(params):
         return problems  # decided at run time (the pre-guardrail checks it then)
@@ -49,16 +52,51 @@ def _task_problems(defn: TaskDefinition[Any, Any], inputs: Any) -> list[str]:
             elif loc and loc[0] in constants:
                 where = ".".join(str(x) for x in loc)
                 problems.append(f"params {where!r}: {err['msg']}")
-    for name in defn.workspace.fields:
-        if name not in params:
+    spec = defn.workspace
+    templates = [("the workspace prefix", spec.prefix)]
+    templates += [(f"input {k!r}", v) for k, v in spec.inputs.items()]
+    for what, template in templates:
+        for name in template_fields(template):
+            if name not in params:
+                problems.append(f"params lack {name!r}, which fills {what} {template!r}")
+            elif name in constants:
+                try:
+                    render_prefix(template, {name: constants[name]})
+                except GuardrailError as e:
+                    problems.append(e.message)
+    return list(dict.fromkeys(problems))
+
+
+def _input_source_problems(defn: TaskDefinition[Any, Any], sources: Any) -> list[str]:
+    """The step's ``"inputs"`` (where it points the task's named inputs), where constant."""
+    if sources is None or _is_expression(sources):
+        return []
+    if not isinstance(sources, Mapping):
+        return [f'"inputs" must be an object naming inputs, got {type(sources).__name__}']
+    declared = defn.workspace.inputs
+    problems = []
+    unknown = sorted(str(k) for k in sources if k not in declared)
+    if unknown:
+        problems.append(
+            f'"inputs" names {unknown}, which the task does not declare (its inputs are '
+            f"{sorted(declared) or 'none'})"
+        )
+    for name, source in sources.items():
+        if name not in declared or source is None or _is_expression(source):
+            continue
+        if not isinstance(source, Mapping):
             problems.append(
-                f"params lack {name!r}, which fills the workspace prefix {defn.workspace.prefix!r}"
+                f'"inputs" {name!r} must be {{"repository": ..., "ref": ...}} or null, got '
+                f"{type(source).__name__}"
             )
-        elif name in constants:
-            try:
-                render_prefix(defn.workspace.prefix, {name: constants[name]})
-            except GuardrailError as e:
-                problems.append(e.message)
+            continue
+        constants = {k: v for k, v in source.items() if not _contains_expression(v)}
+        try:
+            InputSourceOverride.model_validate(constants)
+        except ValidationError as e:
+            for err in e.errors():
+                where = ".".join(str(x) for x in err["loc"])
+                problems.append(f'"inputs" {name!r} {where}: {err["msg"]}')
     return problems
 
 

@@ -1,7 +1,8 @@
 """What Perago published on a branch, read back from lakeFS commit metadata (`perago log`).
 
 The identity metadata every publication carries (``perago.publish.identity``) is enough to
-say which workflow step and attempt wrote each commit, under which fencing token and scope;
+say which workflow step and attempt wrote each commit, under which fencing token and scope,
+from which inputs at which commits;
 this module turns a branch's first-parent history into those records, with links to the
 commit in the lakeFS UI and to the workflow in Conductor's API.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from perago.inputs import ResolvedInput
 from perago.publish.identity import AttemptIdentity
 from perago.store import Commit, VersionStore
 
@@ -34,6 +36,8 @@ class PublicationRecord:
     scope: str | None
     fencing_token: str | None
     input_ref: str
+    #: The named inputs it read: ``name -> repository@commit/prefix``.
+    inputs: dict[str, str]
     created: int  # Unix seconds; 0 when the store does not say
     lakefs_url: str
     conductor_url: str
@@ -80,6 +84,7 @@ def branch_publications(
                 scope=me.scope,
                 fencing_token=m.get("perago.fencing_token"),
                 input_ref=m.get("perago.input_ref", ""),
+                inputs=ResolvedInput.from_metadata(m),
                 created=commit.created,
                 lakefs_url=f"{lakefs_ui.rstrip('/')}/repositories/{repository}/commits/{commit.id}",
                 conductor_url=f"{conductor_api.rstrip('/')}/workflow/{me.workflow_id}",

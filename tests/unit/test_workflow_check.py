@@ -78,3 +78,50 @@ def test_problems_are_found_in_every_nested_construct_and_name_workflow_and_ref(
     assert "task 'in_default' (wc_day): inputParameters lack \"workspace\"" in text
     assert "workflow 'wf > child', task 'in_sub'" in text
     assert "task 'dyn': FORK_JOIN_DYNAMIC needs 'dynamicForkTasksParam'" in text
+
+
+class Month(BaseModel):
+    month: str
+
+
+@task(
+    "wc_report",
+    workspace=WorkspaceSpec(
+        prefix="reports/month={month}/",
+        inputs={"facts": "clean/month={month}/", "customers": "dims/customers/"},
+    ),
+)
+def report_task(workspace: Path, params: Month, inputs: Any) -> Out:
+    return Out()
+
+
+def report(ref: str, params: Any, **extra: Any) -> dict[str, Any]:
+    return {**use(ref, params, **extra), "name": "wc_report"}
+
+
+def test_input_sources_are_checked_where_constant() -> None:
+    tasks = {"wc_report": report_task, **TASKS}
+    good = [
+        report("a", {"month": "01"}),
+        report("b", {"month": "01"}, inputs=None),
+        report("c", {"month": "01"}, inputs="${workflow.input.inputs}"),
+        report("d", {"month": "01"}, inputs={"customers": {"repository": "ref-data", "ref": "v1"}}),
+        report("e", {"month": "01"}, inputs={"customers": {"ref": "${workflow.input.tag}"}}),
+    ]
+    assert workflow_problems({"name": "ok", "tasks": good}, tasks) == []
+    bad = [
+        report("unknown", {"month": "01"}, inputs={"dims": {"ref": "v1"}}),
+        report("shape", {"month": "01"}, inputs={"customers": "v1"}),
+        report("field", {"month": "01"}, inputs={"customers": {"branch": "main"}}),
+        report("repo", {"month": "01"}, inputs={"customers": {"repository": "Bad_Repo"}}),
+        report("undeclared", {"day": "d"}, inputs={"x": None}) | {"name": "wc_day"},
+        report("fill", {}),
+    ]
+    text = "\n".join(workflow_problems({"name": "wf", "tasks": bad}, tasks))
+    assert "task 'unknown' (wc_report): \"inputs\" names ['dims'], which the task does not" in text
+    assert "task 'shape' (wc_report): \"inputs\" 'customers' must be" in text
+    assert "task 'field' (wc_report): \"inputs\" 'customers' branch: Extra inputs" in text
+    assert "task 'repo' (wc_report): \"inputs\" 'customers' repository: String should" in text
+    assert "task 'undeclared' (wc_day): \"inputs\" names ['x'], which the task does not" in text
+    assert "(its inputs are none)" in text
+    assert "task 'fill' (wc_report): params lack 'month', which fills input 'facts'" in text
