@@ -52,7 +52,7 @@ def main() -> int:
     store, conductor = LakeFSStore(settings), ConductorClient(settings)
     console.print(f"stack ready: lakeFS {info.lakefs_endpoint}, Conductor {info.conductor_url}")
 
-    from workers.orders.data import generate_orders
+    from workers.orders.data import generate_customers, generate_orders
 
     repo = "demo-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     t0 = time.monotonic()
@@ -61,15 +61,19 @@ def main() -> int:
         tempfile.TemporaryDirectory() as tmp,
     ):
         store.create_repository(repo)
-        generated = generate_orders(Path(tmp))
+        generated = generate_orders(Path(tmp) / "orders")
+        generate_customers(Path(tmp) / "dims" / "customers")
         files = [p.relative_to(tmp).as_posix() for p in sorted(Path(tmp).rglob("*.csv"))]
-        upload_all(store, repo, "main", "orders/", Path(tmp), files, parallelism=4)
-        seed = store.commit(repo, "main", message="load raw orders", metadata={"source": "demo"})
+        upload_all(store, repo, "main", "", Path(tmp), files, parallelism=4)
+        seed = store.commit(
+            repo, "main", message="load raw orders and customers", metadata={"source": "demo"}
+        )
     phase("load", t0)
     # The README's "Using it" commands pick the repository up from here.
     (info.stack_dir / "demo-repository").write_text(repo + "\n")
     console.print(
-        f"loaded {generated.rows} raw orders ({generated.bad_rows} bad) into {repo}@{seed.id[:12]}"
+        f"loaded {generated.rows} raw orders ({generated.bad_rows} bad) and the customers "
+        f"dimension into {repo}@{seed.id[:12]}"
     )
 
     register(
@@ -188,6 +192,12 @@ def _summary(console: Console, wf: dict[str, Any]) -> None:
     if fanout:
         ok = sum(t["status"] == "COMPLETED" for t in fanout)
         console.print(f"fan-out: {ok}/{len(fanout)} day summaries published in parallel; {days}")
+        inputs = (fanout[-1].get("outputData") or {}).get("inputs") or {}
+        read = ", ".join(
+            f"{k} = {v['repository']}@{v['commit'][:12]}/{v['prefix']}" for k, v in inputs.items()
+        )
+        ref = fanout[-1]["referenceTaskName"]
+        console.print(f"each day read its inputs at one commit, e.g. {ref}: {read}")
     report = (wf.get("output") or {}).get("report")
     if report:
         console.print("quality report: " + json.dumps(report))

@@ -90,3 +90,34 @@ def test_clean_without_raw_data_is_terminal(tmp_path: Path, spark: Any) -> None:
     with pytest.raises(TaskError, match="load data first") as e:
         orders_clean(tmp_path / "ws", CleanParams(), spark=spark)
     assert e.value.non_retryable
+
+
+def test_a_day_summary_joins_its_partition_with_the_customers_dimension(
+    tmp_path: Path, spark: Any
+) -> None:
+    from perago.testing import run_task
+    from workers.orders.data import UNKNOWN_CUSTOMERS, generate_customers
+    from workers.orders.tasks import orders_day_summary
+
+    ws = tmp_path / "ws"
+    generate_orders(ws, rows=3000, seed=7, days=3)
+    orders_clean(ws, CleanParams(), spark=spark)
+    day = sorted(p.name for p in (ws / "clean").iterdir())[0].removeprefix("order_date=")
+    customers = generate_customers(tmp_path / "dims").parent
+    out = tmp_path / "out"
+    out.mkdir()
+    summary = run_task(
+        orders_day_summary,
+        out,
+        {"day": day},
+        spark=spark,
+        inputs={"orders": ws / "clean" / f"order_date={day}", "customers": customers},
+    )
+    rows = spark.read.parquet(str(ws / "clean" / f"order_date={day}")).collect()
+    assert summary.orders == len(rows) > 0
+    assert summary.revenue == round(float(sum(r["amount"] for r in rows)), 2)
+    assert set(summary.revenue_by_region) <= {"north", "south", "east", "west", "unknown"}
+    unknown = [r for r in rows if int(r["customer_id"][1:]) >= 5000 - UNKNOWN_CUSTOMERS]
+    assert ("unknown" in summary.revenue_by_region) == bool(unknown)
+    assert abs(sum(summary.revenue_by_region.values()) - summary.revenue) < 0.05
+    assert (out / "summary.json").read_text() == summary.model_dump_json()

@@ -8,9 +8,13 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
 
-__all__ = ["SEGMENTS", "GeneratedOrders", "generate_orders"]
+__all__ = ["REGIONS", "SEGMENTS", "GeneratedOrders", "generate_customers", "generate_orders"]
 
 SEGMENTS = ("consumer", "smb", "enterprise", "public")
+REGIONS = ("north", "south", "east", "west")
+#: Orders name customers c00000..c04999; the customers table knows all but the last 100.
+CUSTOMERS = 5000
+UNKNOWN_CUSTOMERS = 100
 HEADER = ("order_id", "customer_id", "segment", "order_date", "amount", "currency")
 BAD_KINDS = ("missing_customer", "bad_amount", "negative_amount", "bad_date", "bad_currency")
 
@@ -66,3 +70,18 @@ def generate_orders(
                         row[5] = "USD"
                 w.writerow(row)
     return GeneratedOrders(rows=n, bad_rows=sum(bad.values()), bad_by_kind=bad, files=tuple(names))
+
+
+def generate_customers(dest_dir: Path, *, seed: int = 11) -> Path:
+    """Write the customers dimension, ``customers.csv`` (customer_id, region), under
+    ``dest_dir``: the table every day's summary joins (``WorkspaceSpec(inputs=...)``). The
+    last ``UNKNOWN_CUSTOMERS`` ids are missing, as in any real dimension that lags."""
+    rng = random.Random(seed)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    path = dest_dir / "customers.csv"
+    with path.open("w", newline="") as out:
+        w = csv.writer(out)
+        w.writerow(("customer_id", "region"))
+        for n in range(CUSTOMERS - UNKNOWN_CUSTOMERS):
+            w.writerow((f"c{n:05d}", rng.choice(REGIONS)))
+    return path

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from perago import TaskError, WorkspaceSpec, task
+from perago import Inputs, TaskError, WorkspaceSpec, task
 
 ORDERS = WorkspaceSpec(prefix="orders/")
 
@@ -220,17 +220,36 @@ class DaySummary(BaseModel):
     day: str
     orders: int
     revenue: float
+    #: Revenue by the customer's region (the customers dimension); "unknown": not in it.
+    revenue_by_region: dict[str, float] = Field(default_factory=dict)
 
 
-@task("orders_day_summary", workspace=WorkspaceSpec(prefix="orders/clean/order_date={day}/"))
-def orders_day_summary(workspace: Path, params: Day, spark: Any) -> DaySummary:
-    """Fan-out stage: one day's partition, summarised beside its data (``_summary.json``,
-    which Spark's readers skip); the days run in parallel (a DYNAMIC_FORK)."""
+@task(
+    "orders_day_summary",
+    workspace=WorkspaceSpec(
+        prefix="orders/summaries/day={day}/",
+        inputs={"orders": "orders/clean/order_date={day}/", "customers": "dims/customers/"},
+    ),
+)
+def orders_day_summary(
+    workspace: Path, params: Day, inputs: Inputs[Path], spark: Any
+) -> DaySummary:
+    """Fan-out stage: one day's clean partition joined with the customers dimension, summarised
+    into the day's own folder; the days run in parallel (a DYNAMIC_FORK), each reading its
+    partition and the one shared dimension (downloaded once per worker)."""
     from pyspark.sql import functions as F
 
-    row = spark.read.parquet(str(workspace)).agg(F.count("*"), F.sum("amount")).collect()[0]
-    summary = DaySummary(day=params.day, orders=int(row[0]), revenue=round(float(row[1] or 0), 2))
-    (workspace / "_summary.json").write_text(summary.model_dump_json())
+    orders = spark.read.parquet(str(inputs["orders"]))
+    customers = spark.read.option("header", True).csv(str(inputs["customers"]))
+    joined = orders.join(customers, "customer_id", "left").fillna({"region": "unknown"})
+    by_region = joined.groupBy("region").agg(F.count("*"), F.sum("amount")).collect()
+    summary = DaySummary(
+        day=params.day,
+        orders=sum(int(r[1]) for r in by_region),
+        revenue=round(sum(float(r[2] or 0) for r in by_region), 2),
+        revenue_by_region={r[0]: round(float(r[2] or 0), 2) for r in sorted(by_region)},
+    )
+    (workspace / "summary.json").write_text(summary.model_dump_json())
     return summary
 
 
@@ -238,19 +257,25 @@ class DaysReport(BaseModel):
     days: int
     orders: int
     revenue: float
+    revenue_by_region: dict[str, float] = Field(default_factory=dict)
 
 
-@task("orders_days_report", workspace=WorkspaceSpec(prefix="orders/clean/", read_only=True))
+@task("orders_days_report", workspace=WorkspaceSpec(prefix="orders/summaries/", read_only=True))
 def orders_days_report(workspace: Path, params: ReportParams) -> DaysReport:
     """The join step after the fan-out: reads every day's summary."""
     days = [
         DaySummary.model_validate_json(p.read_text())
-        for p in sorted(workspace.glob("order_date=*/_summary.json"))
+        for p in sorted(workspace.glob("day=*/summary.json"))
     ]
     if not days:
-        raise TaskError("no day summaries under orders/clean/: did the fan-out run?")
+        raise TaskError("no day summaries under orders/summaries/: did the fan-out run?")
+    regions: dict[str, float] = {}
+    for d in days:
+        for region, revenue in d.revenue_by_region.items():
+            regions[region] = round(regions.get(region, 0.0) + revenue, 2)
     return DaysReport(
         days=len(days),
         orders=sum(d.orders for d in days),
         revenue=round(sum(d.revenue for d in days), 2),
+        revenue_by_region=dict(sorted(regions.items())),
     )
