@@ -191,6 +191,7 @@ def local_inputs(
             location=read.location,
             files=len(manifest.entries),
             bytes=manifest.total_bytes,
+            downloaded_bytes=manifest.total_bytes - manifest.cached_bytes,
         )
         metrics.FILES.labels("download").inc(len(manifest.entries))
         metrics.BYTES.labels("download").inc(manifest.total_bytes)

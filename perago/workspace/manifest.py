@@ -75,6 +75,8 @@ class Manifest:
     entries: dict[str, ManifestEntry] = field(default_factory=dict)
     #: The filesystem's own timestamp taken after the last download (0: unknown).
     settled_ns: int = 0
+    #: Of ``total_bytes``, how many came from the content cache (not saved: a figure only).
+    cached_bytes: int = field(default=0, compare=False)
 
     def add(self, entry: ManifestEntry) -> None:
         self.entries[entry.path] = entry

@@ -165,6 +165,7 @@ def materialize(
                 misses.append((obj, dest))
             else:
                 record(obj, obj.checksum if _md5_hex(obj.checksum) else file_md5(dest), st)
+                manifest.cached_bytes += obj.size
         # lakeFS's own files on this machine (PERAGO_LAKEFS_LOCAL_BLOCKSTORE): kernel copies
         local: list[tuple[ObjectInfo, Path]] = []
         remote: list[tuple[ObjectInfo, Path]] = []

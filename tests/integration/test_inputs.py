@@ -1,0 +1,238 @@
+"""Named inputs on the real servers: a fan-out reading its partitions and one shared
+dimension, an input pinned to a tag of another repository, serializable and snapshot
+isolation beside a sibling that publishes what a task reads, and an input that is missing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perago.adapters.conductor import ConductorClient
+from perago.adapters.lakefs import LakeFSStore
+from perago.inputs import ResolvedInput
+
+from .harness import attempts, perago_cli, publications, put_workflow, wait_workflow, worker
+
+pytestmark = pytest.mark.integration
+MODULE = "tests.integration.taskmods.input_tasks"
+WS = "${workflow.input.workspace}"
+#: The shared dimension: big enough that a second download would show in the figures.
+DIM = b"gold\n" + b"x" * 200_000
+
+
+@pytest.fixture
+def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
+    return make_env(MODULE, PERAGO_TEST_RETRIES="1")
+
+
+def seed(store: LakeFSStore, repo: str, parts: list[str], tmp_path: Path) -> str:
+    """Partitions ``parts/p=<part>/rows.csv`` (3 rows each) and the dimension ``dims/d/``."""
+    for part in parts:
+        rows = "".join(f"{part},{i}\n" for i in range(3)).encode()
+        store.upload_bytes(repo, "main", f"parts/p={part}/rows.csv", rows)
+    store.upload_bytes(repo, "main", "dims/d/dim.csv", DIM)
+    return store.commit(repo, "main", message="seed", metadata={}).id
+
+
+def step(
+    name: str, ref: str, params: dict[str, Any], inputs: Any = None, workspace: Any = WS
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"workspace": workspace, "params": params}
+    if inputs is not None:
+        body["inputs"] = inputs
+    return {"name": name, "taskReferenceName": ref, "type": "SIMPLE", "inputParameters": body}
+
+
+def dimension(out: dict[str, Any]) -> str:
+    return str(out["result"]["dimension"])
+
+
+def test_a_fan_out_reads_its_partitions_and_one_shared_dimension(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    parts = ["a", "b", "c", "d", "e", "f"]
+    base = seed(store, repo, parts, tmp_path)
+    name = f"in_wf_fan_{unique}"
+    dyn = {
+        "name": "fan",
+        "taskReferenceName": "fan",
+        "type": "FORK_JOIN_DYNAMIC",
+        "inputParameters": {
+            "dynamicTasks": "${workflow.input.dynamicTasks}",
+            "dynamicTasksInput": "${workflow.input.dynamicTasksInput}",
+        },
+        "dynamicForkTasksParam": "dynamicTasks",
+        "dynamicForkTasksInputParamName": "dynamicTasksInput",
+    }
+    put_workflow(conductor, name, [dyn, {"name": "j", "taskReferenceName": "j", "type": "JOIN"}])
+    workspace = {"repository": repo, "branch": "main", "ref": base}
+    tasks = [
+        {"name": f"in_summary_{unique}", "taskReferenceName": f"p_{p}", "type": "SIMPLE"}
+        for p in parts
+    ]
+    inputs = {f"p_{p}": {"workspace": workspace, "params": {"part": p}} for p in parts}
+    wid = conductor.start_workflow(
+        name, {"workspace": workspace, "dynamicTasks": tasks, "dynamicTasksInput": inputs}
+    )
+    with worker(env, tmp_path / "w.log", module=MODULE, concurrency=2) as w:
+        wf = wait_workflow(conductor, wid, timeout=180)
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    for p in parts:
+        out = attempts(wf, f"p_{p}")[-1]["outputData"]
+        assert out["result"] == {"part": p, "rows": 3, "dimension": "gold\n" + "x" * 200_000}
+        assert out["inputs"] == {
+            "dim": {"repository": repo, "ref": base, "commit": base, "prefix": "dims/d/"},
+            "part": {"repository": repo, "ref": base, "commit": base, "prefix": f"parts/p={p}/"},
+        }
+    published = publications(store, repo)
+    assert sorted(ResolvedInput.from_metadata(c.metadata)["part"] for c in published) == [
+        f"{repo}@{base}/parts/p={p}/" for p in parts
+    ]
+    # The dimension went over the network once for this worker; every other day copied it
+    # from the content cache (attempts starting at the very same moment may both miss).
+    dims = [e for e in w.events() if e.get("event") == "input_materialized" and e["input"] == "dim"]
+    assert len(dims) == len(parts)
+    downloaded = sum(e["downloaded_bytes"] for e in dims)
+    assert len(DIM) <= downloaded <= 2 * len(DIM), dims
+    # `perago log` shows where each publication read its inputs.
+    shown = perago_cli(["log", f"{repo}/main", "--json"], env)
+    assert shown.returncode == 0, shown.stderr
+    records = json.loads(shown.stdout)
+    assert {r["inputs"]["dim"] for r in records} == {f"{repo}@{base}/dims/d/"}
+    table = perago_cli(["log", f"{repo}/main"], env)
+    assert f"dim={repo}@{base[:12]}/dims/d/" in table.stdout
+
+
+def test_an_input_pinned_to_a_tag_of_another_repository(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    seed(store, repo, ["a"], tmp_path)
+    other = f"{repo}-ref"
+    store.create_repository(other)
+    try:
+        store.upload_bytes(other, "main", "dims/d/dim.csv", b"v2024")
+        tagged = store.commit(other, "main", message="v2024", metadata={}).id
+        store.create_tag(other, "v2024", tagged)
+        store.upload_bytes(other, "main", "dims/d/dim.csv", b"v2025")
+        store.commit(other, "main", message="v2025", metadata={})
+        name = f"in_wf_tag_{unique}"
+        put_workflow(
+            conductor,
+            name,
+            [
+                step(
+                    f"in_summary_{unique}",
+                    "pinned",
+                    {"part": "a"},
+                    inputs={"dim": {"repository": other, "ref": "v2024"}},
+                ),
+                step(
+                    f"in_summary_{unique}",
+                    "latest",
+                    {"part": "a"},
+                    inputs={"dim": {"repository": other}},
+                    workspace="${pinned.output.workspace}",
+                ),
+            ],
+        )
+        wid = conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}})
+        with worker(env, tmp_path / "w.log", module=MODULE):
+            wf = wait_workflow(conductor, wid)
+        assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+        pinned = attempts(wf, "pinned")[-1]["outputData"]
+        latest = attempts(wf, "latest")[-1]["outputData"]
+        assert dimension(pinned) == "v2024" and dimension(latest) == "v2025"
+        assert pinned["inputs"]["dim"] == {
+            "repository": other,
+            "ref": "v2024",
+            "commit": tagged,
+            "prefix": "dims/d/",
+        }
+        assert latest["inputs"]["dim"]["ref"] == "main"
+        commit = store.get_commit(repo, pinned["workspace"]["ref"])
+        assert ResolvedInput.from_metadata(commit.metadata)["dim"] == f"{other}@{tagged}/dims/d/"
+    finally:
+        store.delete_repository(other)
+
+
+@pytest.mark.parametrize("isolation", ["snapshot", "serializable"])
+def test_a_sibling_publishes_what_a_task_reads_while_its_body_runs(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+    isolation: str,
+) -> None:
+    """In a fork, one branch summarises partition ``a`` while the other rewrites ``a`` (5
+    rows). Snapshot: the summary publishes at once, from the 3 rows it read. Serializable:
+    refused (naming the input and the sibling), retried from the new head, publishes 5."""
+    seed(store, repo, ["a"], tmp_path)
+    task = f"in_summary_{unique}" if isolation == "snapshot" else f"in_summary_ser_{unique}"
+    name = f"in_wf_{isolation}_{unique}"
+    fork = {
+        "name": "split",
+        "taskReferenceName": "split",
+        "type": "FORK_JOIN",
+        "forkTasks": [
+            [step(task, "reader", {"part": "a", "wait_for_a_sibling": 60})],
+            [step(f"in_part_{unique}", "sibling", {"part": "a", "rows": 5, "sleep": 2})],
+        ],
+    }
+    join = {"name": "j", "taskReferenceName": "j", "type": "JOIN", "joinOn": ["reader", "sibling"]}
+    put_workflow(conductor, name, [fork, join])
+    # Unpinned: each attempt starts from the branch head (a retry reads the new data).
+    wid = conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}})
+    with worker(env, tmp_path / "w.log", module=MODULE, concurrency=2):
+        wf = wait_workflow(conductor, wid, timeout=180)
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    reader = attempts(wf, "reader")
+    sibling_ref = attempts(wf, "sibling")[-1]["outputData"]["workspace"]["ref"]
+    out = reader[-1]["outputData"]
+    if isolation == "snapshot":
+        assert len(reader) == 1
+        assert out["result"]["rows"] == 3
+        assert out["inputs"]["part"]["commit"] != sibling_ref
+        return
+    assert [t["status"] for t in reader] == ["FAILED", "COMPLETED"]
+    reason = reader[0]["reasonForIncompletion"]
+    assert "serializable isolation: input 'part' (parts/p=a/) changed on main" in reason
+    assert "published by step 'sibling'" in reason
+    assert out["result"]["rows"] == 5
+    assert out["inputs"]["part"]["commit"] == sibling_ref
+
+
+def test_an_input_that_does_not_exist_is_terminal_and_publishes_nothing(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    base = seed(store, repo, ["a"], tmp_path)
+    name = f"in_wf_missing_{unique}"
+    put_workflow(conductor, name, [step(f"in_summary_{unique}", "s", {"part": "zz"})])
+    wid = conductor.start_workflow(name, {"workspace": {"repository": repo, "branch": "main"}})
+    with worker(env, tmp_path / "w.log", module=MODULE):
+        wf = wait_workflow(conductor, wid)
+    assert wf["status"] == "FAILED"
+    (only,) = attempts(wf, "s")
+    assert only["status"] == "FAILED_WITH_TERMINAL_ERROR"
+    assert "input 'part': nothing under 'parts/p=zz/'" in only["reasonForIncompletion"]
+    assert store.branch_head(repo, "main") == base
