@@ -79,12 +79,15 @@ def test_the_orders_pipeline_in_place_on_the_cluster(
     """The example pipeline in place (workers.orders.remote) with its executors on the
     cluster's two workers: through the Connect server, or with the standalone master (the
     driver in the worker process). Same results as the local pipeline; each writing step
-    publishes once; the report writes nothing and publishes nothing."""
+    publishes once; the report writes nothing and publishes nothing. Then one day's summary
+    in place with two named inputs (its partition and the customers dimension), read by the
+    executors at the commit the attempt resolved."""
     import json
     import sys
 
+    from perago.inputs import ResolvedInput
     from perago.workspace import upload_all
-    from workers.orders.data import generate_orders
+    from workers.orders.data import generate_customers, generate_orders
 
     from .harness import ROOT
 
@@ -95,6 +98,8 @@ def test_the_orders_pipeline_in_place_on_the_cluster(
     conductor.put_workflow_defs([workflow])
     gen = generate_orders(tmp_path / "seed", rows=5000)
     upload_all(store, repo, "main", "orders/", tmp_path / "seed", list(gen.files), parallelism=4)
+    customers = generate_customers(tmp_path / "dims")
+    store.upload(repo, "main", "dims/customers/customers.csv", customers)
     seed = store.commit(repo, "main", message="seed", metadata={}).id
     with worker(env, tmp_path / "w.log", module=module) as w:
         wid = conductor.start_workflow(
@@ -102,6 +107,12 @@ def test_the_orders_pipeline_in_place_on_the_cluster(
         )
         wf = wait_workflow(conductor, wid, timeout=600)
         started = w.wait_for("spark_session_started")
+        day = sorted(wf["output"]["clean"]["days"])[0]
+        summary_wf = one_step(
+            conductor, f"day_remote_{repo}", "orders_day_summary_remote", {"day": day}
+        )
+        day_wid = start(conductor, summary_wf, repo)
+        day_run = wait_workflow(conductor, day_wid, timeout=300)
     assert started["master"] == master
     assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
     out = wf["output"]
@@ -112,8 +123,8 @@ def test_the_orders_pipeline_in_place_on_the_cluster(
     assert out["report"]["passed"] is True, out["report"]
     assert out["report"]["clean_rows"] == gen.rows - gen.bad_rows
     revenue_ref = attempts(wf, "revenue")[-1]["outputData"]["workspace"]["ref"]
-    assert out["workspace"]["ref"] == revenue_ref == store.branch_head(repo, "main")
-    pubs = publications(store, repo)
+    assert out["workspace"]["ref"] == revenue_ref
+    pubs = publications(store, repo)[1:]  # the newest is the day summary's, checked below
     assert len(pubs) == 2, "clean and revenue publish once each; the report publishes nothing"
     assert pubs[-1].parents[0] == seed
     days = {o.path.split("/")[2] for o in store.list_objects(repo, revenue_ref, "orders/clean/")}
@@ -122,6 +133,27 @@ def test_the_orders_pipeline_in_place_on_the_cluster(
         o.path.endswith(".parquet")
         for o in store.list_objects(repo, revenue_ref, "orders/revenue/daily/")
     )
+    assert day_run["status"] == "COMPLETED", day_run.get("reasonForIncompletion")
+    day_out = attempts(day_run, "step")[-1]["outputData"]
+    assert day_out["inputs"]["orders"]["commit"] == revenue_ref
+    assert day_out["inputs"]["customers"]["prefix"] == "dims/customers/"
+    assert 0 < day_out["result"]["orders"] < gen.rows
+    assert set(day_out["result"]["revenue_by_region"]) <= {
+        "north",
+        "south",
+        "east",
+        "west",
+        "unknown",
+    }
+    day_commit = store.get_commit(repo, day_out["workspace"]["ref"])
+    assert day_commit.id == store.branch_head(repo, "main")
+    assert day_commit.parents[0] == revenue_ref
+    assert ResolvedInput.from_metadata(day_commit.metadata) == {
+        "customers": f"{repo}@{revenue_ref}/dims/customers/",
+        "orders": f"{repo}@{revenue_ref}/orders/clean/order_date={day}/",
+    }
+    written = list(store.list_objects(repo, day_commit.id, f"orders/summaries/day={day}/"))
+    assert any(o.path.endswith(".txt") for o in written), written
 
 
 def test_raw_orders_generated_on_the_cluster_have_every_kind_of_bad_row(

@@ -15,11 +15,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from perago import RemoteWorkspace, TaskError, WorkspaceSpec, task
+from perago import Inputs, RemoteWorkspace, TaskError, WorkspaceSpec, task
 from workers.orders.tasks import (
     RAW_SCHEMA,
     CleanParams,
     CleanResult,
+    Day,
+    DaySummary,
     ReportParams,
     ReportResult,
     RevenueParams,
@@ -167,3 +169,35 @@ def orders_quality_report_remote(
         passed=all(checks.values()),
         checks=checks,
     )
+
+
+@task(
+    "orders_day_summary_remote",
+    workspace=WorkspaceSpec(
+        prefix="orders/summaries/day={day}/",
+        in_place=True,
+        inputs={"orders": "orders/clean/order_date={day}/", "customers": "dims/customers/"},
+    ),
+)
+def orders_day_summary_remote(
+    workspace: RemoteWorkspace, params: Day, inputs: Inputs[str], spark: Any
+) -> DaySummary:
+    """``orders_day_summary`` in place: the day's partition and the customers dimension are
+    read by the executors at the commits the attempt resolved (``s3a://repo/<commit>/...``);
+    only the per-region totals come back to the driver."""
+    from pyspark.sql import functions as F
+
+    orders = spark.read.parquet(inputs["orders"])
+    customers = spark.read.option("header", True).csv(inputs["customers"])
+    joined = orders.join(customers, "customer_id", "left").fillna({"region": "unknown"})
+    by_region = joined.groupBy("region").agg(F.count("*"), F.sum("amount")).collect()
+    summary = DaySummary(
+        day=params.day,
+        orders=sum(int(r[1]) for r in by_region),
+        revenue=round(sum(float(r[2] or 0) for r in by_region), 2),
+        revenue_by_region={r[0]: round(float(r[2] or 0), 2) for r in sorted(by_region)},
+    )
+    spark.createDataFrame([(summary.model_dump_json(),)], "value STRING").coalesce(1).write.mode(
+        "overwrite"
+    ).text(workspace.output_uri)
+    return summary
