@@ -101,6 +101,13 @@ class ResolvedInput:
             "prefix": self.prefix,
         }
 
+    @classmethod
+    def parse(cls, name: str, location: str) -> ResolvedInput:
+        """The input a ``repository@commit/prefix`` record names (its ref is unknown)."""
+        repository, _, rest = location.partition("@")
+        commit, _, prefix = rest.partition("/")
+        return cls(name, repository, "", commit, prefix, on_target=False)
+
     @staticmethod
     def from_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
         """``name -> repository@commit/prefix`` of the inputs a commit's metadata records."""

@@ -25,6 +25,7 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, load_workflows, register
 from perago.dev.stack import up
+from perago.inputs import ResolvedInput
 from perago.workspace import upload_all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,6 +133,13 @@ def main() -> int:
     if wf.get("status") != "COMPLETED":
         console.print(f"[red]workflow {wf.get('status')}: {wf.get('reasonForIncompletion')}[/red]")
         return 1
+    final = store.get_commit(repo, wf["output"]["workspace"]["ref"])
+    read = ResolvedInput.from_metadata(final.metadata)
+    customers = sorted({v for k, v in read.items() if k.endswith(".customers")})
+    console.print(
+        f"the publication records the {len(read)} inputs its steps read at their commits "
+        f"(customers: {', '.join(customers)}); `perago log {repo}/main` lists them"
+    )
     console.print(f'look around: eval "$(perago dev env)" && lakectl log lakefs://{repo}/main')
     print(f"published {repo}@{wf['output']['workspace']['ref']}")
     return 0

@@ -31,14 +31,14 @@ from perago.errors import (
     WorkerShutdown,
 )
 from perago.failure_text import describe
-from perago.inputs import Inputs
+from perago.inputs import Inputs, ResolvedInput
 from perago.lakefs_names import wap_branch_name
 from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
 from perago.publish.joins import check_contains, unpinned_input_ref
-from perago.publish.transaction import release_lease
+from perago.publish.transaction import HISTORY_LIMIT, release_lease
 from perago.spark import spark_tag
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
@@ -64,6 +64,9 @@ __all__ = [
     "check_result",
     "outcome_of",
 ]
+
+#: Inputs a write-audit-publish publication records at most (commit metadata stays small).
+WAP_INPUTS_LIMIT = 200
 
 #: What an attempt interrupted by the worker's drain reports (Conductor retries it).
 SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
@@ -361,7 +364,10 @@ class AttemptRunner:
                 f"write-audit-publish: base {params.base!r} does not exist in {repo!r}; pass "
                 '"${<begin step>.output.result.base}"'
             ) from e
-        target = WorkspaceTarget(repo, params.target_branch, params.base)
+        # The publication records what every step it publishes read (``<step>.<input>``).
+        target = WorkspaceTarget(
+            repo, params.target_branch, params.base, reads=self._inputs_read_on(source, params)
+        )
         wap_target = replace(me, scope="")  # the whole branch: exclusive, like a serial step
         try:
             publication = self._publisher.publish_branch(wap_target, target, source.input_ref)
@@ -389,6 +395,20 @@ class AttemptRunner:
             published=ref != params.base, changes=changes, wap_branch_kept=keep
         )
         return self._completed(target, publication, done)
+
+    def _inputs_read_on(self, source: WorkspaceTarget, params: Any) -> tuple[ResolvedInput, ...]:
+        """The named inputs the Perago publications on a write-audit-publish branch read,
+        since its base (newest first, at most ``WAP_INPUTS_LIMIT``)."""
+        found: list[ResolvedInput] = []
+        for commit in self._store.log(source.repository, source.input_ref, amount=HISTORY_LIMIT):
+            if commit.id == params.base or len(found) >= WAP_INPUTS_LIMIT:
+                break
+            step = commit.metadata.get("perago.task_ref")
+            if step is None or commit.metadata.get("perago.kind") != "publication":
+                continue
+            for name, location in ResolvedInput.from_metadata(commit.metadata).items():
+                found.append(ResolvedInput.parse(f"{step}.{name}", location))
+        return tuple(found[:WAP_INPUTS_LIMIT])
 
     def _refuse_projection_on_a_cluster(self, attempt: RunningAttempt) -> None:
         """A local-projection Spark task hands executors paths on this worker's disk: only

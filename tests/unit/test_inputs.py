@@ -411,3 +411,58 @@ def test_a_pinned_retry_reads_the_same_commits(store: MemoryStore, tmp_path: Pat
     assert outcome.status == "COMPLETED", outcome.reason
     assert before != after
     assert [s["customers"] for s in SEEN] == [before, after]
+
+
+def test_a_write_audit_publish_publication_records_what_its_steps_read(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    from perago import wap
+
+    stub = StubOrchestrator(gate_timeout=20)
+    settings = load(
+        env={},
+        worker_id="w1",
+        work_dir=tmp_path / "work",
+        poll_interval=timedelta(milliseconds=5),
+        janitor_on_start=False,
+        shutdown_grace=timedelta(seconds=1),
+    )
+    worker = Worker(
+        [*TASKS, wap.perago_wap_begin, wap.perago_wap_publish],
+        settings=settings,
+        store=store,
+        orchestrator=stub,
+    )
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        workspace = {"repository": "repo", "branch": "main"}
+        stub.submit(wap.BEGIN, {"workspace": workspace}, workflow_id="wap", reference_name="b")
+        begin = settle(stub, "wap")
+        assert begin.status == "COMPLETED", begin.reason
+        stub.submit(
+            "month_report",
+            {"workspace": begin.output["workspace"], "params": {"month": "02"}},
+            workflow_id="wap-step",
+            reference_name="report",
+        )
+        step = settle(stub, "wap-step")
+        assert step.status == "COMPLETED", step.reason
+        params = {"target_branch": "main", "base": begin.output["result"]["base"]}
+        stub.submit(
+            wap.PUBLISH,
+            {"workspace": step.output["workspace"], "params": params},
+            workflow_id="wap-publish",
+            reference_name="publish",
+        )
+        published = settle(stub, "wap-publish")
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert published.status == "COMPLETED", published.reason
+    commit = store.get_commit("repo", published.output["workspace"]["ref"])
+    recorded = ResolvedInput.from_metadata(commit.metadata)
+    assert recorded == {
+        f"report.{name}": f"repo@{step.output['inputs'][name]['commit']}/{prefix}"
+        for name, prefix in [("customers", "dims/customers/"), ("facts", "clean/month=02/")]
+    }
