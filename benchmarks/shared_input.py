@@ -97,7 +97,8 @@ def _run(
         )
     try:
         time.sleep(3)  # both workers polling before the fork is scheduled
-        ws = {"repository": repo, "branch": "main", "ref": base}
+        # Each run publishes on a branch of its own, from the same seed commit.
+        ws = {"repository": repo, "branch": name.replace("_", "-"), "ref": base}
         tasks = [
             {"name": TASK, "taskReferenceName": f"p{i}", "type": "SIMPLE"} for i in range(PARTS)
         ]
@@ -148,6 +149,7 @@ def main() -> int:
         name = f"bench_shared_{label.split()[0]}_{suffix}"
         conductor.put_workflow_defs([_workflow(name)])
         logs = [logdir / f"{name}-w{i}.log" for i in range(WORKERS)]
+        store.create_branch(repo, name.replace("_", "-"), base)
         wall = _run(conductor, env, name, repo, base, logs, extra)
         results[label] = (wall, [_fetched(log) for log in logs])
     print(

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,13 @@ from perago.task import TaskDefinition
 from perago.task_io import InputSourceOverride
 from perago.workspace import ContentCache, Manifest, compute_diff, materialize
 
-__all__ = ["LocalInputs", "local_inputs", "remote_inputs", "resolve_inputs"]
+__all__ = [
+    "LocalInputs",
+    "OneDownloadAtATime",
+    "local_inputs",
+    "remote_inputs",
+    "resolve_inputs",
+]
 
 log = structlog.get_logger("perago.worker.attempt")
 
@@ -160,6 +168,33 @@ class LocalInputs:
                 )
 
 
+class OneDownloadAtATime:
+    """Per input location (``repository@commit/prefix``), one attempt of this worker
+    downloads at a time: attempts of a fan-out starting together would otherwise all miss
+    the cache and fetch the same dimension side by side; the later ones wait for the first,
+    then copy from the cache."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def location(self, key: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._held.get(key, (threading.Lock(), 0))
+            self._held[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._held[key]
+                if users == 1:
+                    del self._held[key]
+                else:
+                    self._held[key] = (lock, users - 1)
+
+
 def local_inputs(
     store: VersionStore,
     reads: tuple[ResolvedInput, ...],
@@ -167,23 +202,18 @@ def local_inputs(
     *,
     parallelism: int,
     cache: ContentCache | None,
+    one_at_a_time: OneDownloadAtATime | None = None,
 ) -> LocalInputs:
     """Download every input into ``root/<name>/``, read-only; the body's ``inputs``."""
     local = LocalInputs(reads, {r.name: root / r.name for r in reads})
     for read in reads:
         dest = root / read.name
-        manifest = materialize(
-            store,
-            read.repository,
-            read.commit,
-            read.prefix,
-            dest,
-            parallelism=parallelism,
-            cache=cache,
-            share=True,
-        )
-        if cache is not None:  # now, not after the report: concurrent siblings hit it
-            cache.adopt(dest)
+        with (
+            one_at_a_time.location(read.location)
+            if one_at_a_time is not None and cache is not None
+            else nullcontext()
+        ):
+            manifest = _materialize_shared(store, read, dest, parallelism, cache)
         local.manifests[read.name] = _read_only(manifest, dest)
         log.info(
             "input_materialized",
@@ -196,6 +226,28 @@ def local_inputs(
         metrics.FILES.labels("download").inc(len(manifest.entries))
         metrics.BYTES.labels("download").inc(manifest.total_bytes)
     return local
+
+
+def _materialize_shared(
+    store: VersionStore,
+    read: ResolvedInput,
+    dest: Path,
+    parallelism: int,
+    cache: ContentCache | None,
+) -> Manifest:
+    manifest = materialize(
+        store,
+        read.repository,
+        read.commit,
+        read.prefix,
+        dest,
+        parallelism=parallelism,
+        cache=cache,
+        share=True,
+    )
+    if cache is not None:  # now, not after the report: the next attempt copies from it
+        cache.adopt(dest)
+    return manifest
 
 
 def remote_inputs(reads: tuple[ResolvedInput, ...]) -> Inputs[str]:

@@ -45,7 +45,12 @@ from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.task_io import WorkspaceInput
 from perago.worker.attempt import RunningAttempt
-from perago.worker.inputs import local_inputs, remote_inputs, resolve_inputs
+from perago.worker.inputs import (
+    OneDownloadAtATime,
+    local_inputs,
+    remote_inputs,
+    resolve_inputs,
+)
 from perago.workspace import (
     AttemptDirectory,
     ContentCache,
@@ -183,6 +188,7 @@ class AttemptRunner:
             if settings.cache_bytes > 0
             else None
         )
+        self._input_downloads = OneDownloadAtATime()
         self._publisher = Publisher(
             store,
             ledger,
@@ -459,6 +465,7 @@ class AttemptRunner:
                 attempt_dir.root / "inputs",
                 parallelism=self._settings.transfer_parallelism,
                 cache=self.cache,
+                one_at_a_time=self._input_downloads,
             )
             if target.reads
             else None
