@@ -167,7 +167,7 @@ def register(
     settings = config_module.load()
     tasks = discover(modules)
     wfs = load_workflows(workflows) if workflows else []
-    do_register(wiring.conductor_client(settings), tasks, wfs)
+    do_register(wiring.conductor_client(settings), tasks, wfs, params_extra=settings.params_extra)
     typer.echo(
         f"registered {len(tasks)} task(s): {', '.join(t.name for t in tasks)}"
         + (f"; {len(wfs)} workflow(s): {', '.join(w['name'] for w in wfs)}" if wfs else "")

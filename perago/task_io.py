@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from perago.errors import GuardrailError
 from perago.task import TaskDefinition
 
 __all__ = [
@@ -17,8 +18,10 @@ __all__ = [
     "InputSourceOverride",
     "WorkspaceInput",
     "WorkspaceOutput",
+    "check_param_keys",
     "input_schema",
     "output_schema",
+    "unknown_param_keys",
 ]
 
 _REPOSITORY = r"^[a-z0-9][a-z0-9-]{2,62}$"
@@ -112,3 +115,32 @@ def output_schema(defn: TaskDefinition[Any, Any]) -> dict[str, Any]:
         }
         required.append("inputs")
     return _object(properties, required)
+
+
+def unknown_param_keys(defn: TaskDefinition[Any, Any], params: Any) -> list[str]:
+    """The params keys the task's model does not know (a typo such as ``"rnak"``), unless
+    the model itself says what to do with extra keys (``model_config["extra"]``). The one
+    rule the worker (``check_param_keys``) and ``perago register`` both apply."""
+    model = defn.params_type
+    if not isinstance(params, dict) or "extra" in model.model_config:
+        return []
+    known: set[str] = set()
+    for name, field in model.model_fields.items():
+        known.add(name)
+        if isinstance(field.alias, str):
+            known.add(field.alias)
+        if isinstance(field.validation_alias, str):
+            known.add(field.validation_alias)
+    return sorted(str(k) for k in params if k not in known)
+
+
+def check_param_keys(defn: TaskDefinition[Any, Any], params: Any) -> None:
+    """``GuardrailError`` (terminal) naming the unknown params keys, if any: otherwise the
+    key would be dropped silently and the field's default used."""
+    unknown = unknown_param_keys(defn, params)
+    if unknown:
+        raise GuardrailError(
+            f"unknown params {unknown} for {defn.name} (its params are "
+            f"{sorted(defn.params_type.model_fields) or 'none'}); fix the workflow's task "
+            "input, or set PERAGO_PARAMS_EXTRA=ignore to drop unknown keys"
+        )

@@ -792,7 +792,8 @@ class TaskEnvironment:
         inputs: Mapping[str, Path | str] | None = None,
     ) -> R:
         """``inputs`` maps each of the task's named inputs to a folder (or URI) of test data."""
-        from perago.worker.runtime import check_param_keys, check_result
+        from perago.task_io import check_param_keys
+        from perago.worker.runtime import check_result
 
         raw = params.model_dump() if isinstance(params, BaseModel) else params or {}
         check_param_keys(defn, raw)  # as the worker does by default (PERAGO_PARAMS_EXTRA)

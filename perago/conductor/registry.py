@@ -71,11 +71,14 @@ def register(
     conductor: ConductorClient,
     tasks: Sequence[TaskDefinition[Any, Any]],
     workflows: Sequence[dict[str, Any]] = (),
+    *,
+    params_extra: str = "forbid",
 ) -> None:
     """Upsert task definitions, then workflows; a workflow naming an unknown task is an error.
 
     The built-in write-audit-publish tasks (``perago.wap``) are added when a workflow uses
-    them (their workers must still list ``perago.wap`` among their modules)."""
+    them (their workers must still list ``perago.wap`` among their modules). Workflows are
+    checked as the workers will run them (``params_extra``: ``PERAGO_PARAMS_EXTRA``)."""
     used = {name for wf in workflows for name, _ in worker_tasks(wf["tasks"])}
     given = {t.name for t in tasks}
     from perago import wap
@@ -97,7 +100,11 @@ def register(
                 )
             known.add(name)
     by_name = {t.name: t for t in tasks}
-    problems = [p for wf in workflows for p in workflow_problems(workflow_steps(wf), by_name)]
+    problems = [
+        p
+        for wf in workflows
+        for p in workflow_problems(workflow_steps(wf), by_name, params_extra=params_extra)
+    ]
     if problems:
         raise RegistrationError(
             f"{len(problems)} problem(s) in the workflow definitions; fix them and register "

@@ -19,7 +19,7 @@ from perago.errors import GuardrailError
 from perago.orchestrator import WorkflowStep
 from perago.prefix_templates import render_prefix, template_fields
 from perago.task import TaskDefinition
-from perago.task_io import InputSourceOverride
+from perago.task_io import InputSourceOverride, unknown_param_keys
 
 __all__ = ["workflow_problems"]
 
@@ -28,7 +28,9 @@ def _is_expression(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
 
 
-def _task_problems(defn: TaskDefinition[Any, Any], inputs: Any) -> list[str]:
+def _task_problems(
+    defn: TaskDefinition[Any, Any], inputs: Any, params_extra: str = "forbid"
+) -> list[str]:
     if not isinstance(inputs, Mapping):
         return ['has no inputParameters: pass {"workspace": ..., "params": {...}}']
     problems = [
@@ -40,6 +42,13 @@ def _task_problems(defn: TaskDefinition[Any, Any], inputs: Any) -> list[str]:
         return problems  # decided at run time (the pre-guardrail checks it then)
     if not isinstance(params, Mapping):
         return [*problems, f'"params" must be an object, got {type(params).__name__}']
+    unknown = unknown_param_keys(defn, dict(params)) if params_extra == "forbid" else []
+    if unknown:
+        problems.append(
+            f"params {unknown} are not fields of {defn.params_type.__name__} (its params are "
+            f"{sorted(defn.params_type.model_fields) or 'none'}): the worker refuses them "
+            "(terminal); fix the names, or set PERAGO_PARAMS_EXTRA=ignore to drop them"
+        )
     constants = {k: v for k, v in params.items() if not _contains_expression(v)}
     try:
         defn.params_type.model_validate(constants)
@@ -111,10 +120,15 @@ def _contains_expression(value: Any) -> bool:
 
 
 def workflow_problems(
-    steps: Iterable[WorkflowStep], tasks: Mapping[str, TaskDefinition[Any, Any]]
+    steps: Iterable[WorkflowStep],
+    tasks: Mapping[str, TaskDefinition[Any, Any]],
+    *,
+    params_extra: str = "forbid",
 ) -> list[str]:
     """Every problem of a workflow's use of the Perago tasks in ``tasks`` (by task type);
-    ``steps`` from the orchestrator adapter (``perago.adapters.conductor.workflow_steps``)."""
+    ``steps`` from the orchestrator adapter (``perago.adapters.conductor.workflow_steps``).
+    ``params_extra`` is the workers' ``PERAGO_PARAMS_EXTRA``: unknown params keys are
+    problems unless it is ``ignore`` (the rule the worker applies, ``unknown_param_keys``)."""
     found = []
     for step in steps:
         where = f"workflow {step.workflow!r}, task {step.reference_name!r}"
@@ -122,5 +136,6 @@ def workflow_problems(
         defn = tasks.get(step.task_type)
         if defn is None:
             continue
-        found += [f"{where} ({defn.name}): {p}" for p in _task_problems(defn, step.inputs)]
+        problems = _task_problems(defn, step.inputs, params_extra)
+        found += [f"{where} ({defn.name}): {p}" for p in problems]
     return found

@@ -43,7 +43,7 @@ from perago.spark import spark_tag
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
-from perago.task_io import WorkspaceInput
+from perago.task_io import WorkspaceInput, check_param_keys
 from perago.worker.attempt import RunningAttempt
 from perago.worker.inputs import (
     OneDownloadAtATime,
@@ -141,29 +141,6 @@ def hopeless(e: Exception, *, pinned: bool) -> Exception:
             non_retryable=True,
         )
     return e
-
-
-def check_param_keys(defn: TaskDefinition[Any, Any], params: Any) -> None:
-    """Refuse params keys the task's model does not know (a typo like ``"rnak"`` would
-    otherwise be dropped silently and the default used), unless the model itself says what
-    to do with extra keys (``model_config["extra"]``)."""
-    model = defn.params_type
-    if not isinstance(params, dict) or "extra" in model.model_config:
-        return
-    known: set[str] = set()
-    for name, field in model.model_fields.items():
-        known.add(name)
-        if isinstance(field.alias, str):
-            known.add(field.alias)
-        if isinstance(field.validation_alias, str):
-            known.add(field.validation_alias)
-    unknown = sorted(str(k) for k in params if k not in known)
-    if unknown:
-        raise GuardrailError(
-            f"unknown params {unknown} for {defn.name} (its params are "
-            f"{sorted(model.model_fields) or 'none'}); fix the workflow's task input, or set "
-            "PERAGO_PARAMS_EXTRA=ignore to drop unknown keys"
-        )
 
 
 class AttemptRunner:

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -495,7 +494,28 @@ def test_register_rejects_a_workflow_with_an_unknown_task(
     )
     assert done.returncode == 1
     assert f"uses task 'nope_{unique}'" in done.stderr
-    time.sleep(0)
+
+
+def test_register_refuses_a_misspelled_params_key_the_worker_would_refuse(
+    env: dict[str, str], tmp_path: Path, unique: str
+) -> None:
+    """`perago register` applies the worker's params rule: a typo is caught before any run;
+    with PERAGO_PARAMS_EXTRA=ignore (the workers drop unknown keys) it registers."""
+    wf_dir = tmp_path / "wfs"
+    wf_dir.mkdir()
+    step = {
+        "name": f"pt_write_{unique}",
+        "taskReferenceName": "w",
+        "type": "SIMPLE",
+        "inputParameters": {"workspace": "${workflow.input.workspace}", "params": {"slep": 1}},
+    }
+    (wf_dir / "typo.json").write_text(json.dumps({"name": f"pt_typo_{unique}", "tasks": [step]}))
+    args = ["register", "tests.integration.taskmods.tasks", "--workflows", str(wf_dir)]
+    done = perago_cli(args, env)
+    assert done.returncode == 1, done.stderr
+    assert "params ['slep'] are not fields of WriteParams" in done.stderr
+    ignored = perago_cli(args, {**env, "PERAGO_PARAMS_EXTRA": "ignore"})
+    assert ignored.returncode == 0, ignored.stderr
 
 
 def test_registered_task_definitions_carry_their_json_schemas(

@@ -125,3 +125,24 @@ def test_input_sources_are_checked_where_constant() -> None:
     assert "task 'undeclared' (wc_day): \"inputs\" names ['x'], which the task does not" in text
     assert "(its inputs are none)" in text
     assert "task 'fill' (wc_report): params lack 'month', which fills input 'facts'" in text
+
+
+def test_register_and_the_worker_refuse_the_same_misspelled_params_key(tmp_path: Path) -> None:
+    """One rule both ways: a typo in constant params is a problem for `perago register`
+    exactly when the worker would refuse it (PERAGO_PARAMS_EXTRA)."""
+    from perago.errors import GuardrailError
+    from perago.task_io import check_param_keys
+
+    wf = {"name": "typo", "tasks": [use("a", {"day": "d1", "rwos": 3})]}
+    (problem,) = workflow_problems(wf, TASKS)
+    assert "params ['rwos'] are not fields of Day (its params are ['day', 'rows'])" in problem
+    try:
+        check_param_keys(day_task, {"day": "d1", "rwos": 3})
+    except GuardrailError as e:
+        assert "unknown params ['rwos']" in e.message
+    else:
+        raise AssertionError("the worker accepted a key register refused")
+    dynamic = {"name": "dyn", "tasks": [use("a", {"day": "${workflow.input.day}", "rwos": "${x}"})]}
+    assert "'rwos'" in workflow_problems(dynamic, TASKS)[0]  # the key is known, not its value
+    ignored = _problems(workflow_steps(wf), TASKS, params_extra="ignore")
+    assert ignored == []
