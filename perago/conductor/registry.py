@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,25 +17,86 @@ from perago.adapters.conductor import (
     workflow_steps,
 )
 from perago.conductor.workflow_check import workflow_problems
-from perago.errors import RegistrationError
+from perago.errors import RegistrationError, TaskDefinitionError
 from perago.task import TaskDefinition
 
 __all__ = ["discover", "load_workflows", "register"]
 
 
+def _looks_like_a_path(name: str) -> bool:
+    return "/" in name or "\\" in name or name.endswith(".py")
+
+
+def _where(e: BaseException, module: str) -> str:
+    """``file:line`` of the frame in the user's code closest to the failure ("" if none)."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}"
+    frames = traceback.extract_tb(e.__traceback__)
+    ours = [f for f in frames if "importlib" not in f.filename and "/perago/" not in f.filename]
+    if not ours:
+        return ""
+    top = module.split(".", 1)[0]
+    in_project = [f for f in ours if f"/{top}/" in f.filename or f"/{top}.py" in f.filename]
+    frame = (in_project or ours)[-1]
+    return f"{frame.filename}:{frame.lineno}"
+
+
+def _import_error(name: str, e: BaseException) -> RegistrationError:
+    """One clear message for a module that cannot be imported: what, where, what to do."""
+    where = _where(e, name)
+    at = f" ({where})" if where else ""
+    if (
+        isinstance(e, ModuleNotFoundError)
+        and e.name
+        and (name == e.name or name.startswith(e.name + "."))
+    ):
+        if _looks_like_a_path(name):
+            dotted = name.removesuffix(".py").replace("/", ".").replace("\\", ".").strip(".")
+            return RegistrationError(
+                f"{name!r} looks like a file path: pass the module's dotted path importable "
+                f"from the current directory instead, e.g. {dotted}"
+            )
+        return RegistrationError(
+            f"no module named {e.name!r} (for {name!r}): run from the folder that holds it "
+            "(modules are imported from the current directory), or install its package"
+        )
+    if isinstance(e, ModuleNotFoundError):
+        return RegistrationError(
+            f"module {name!r} imports {e.name!r}{at}, which is not installed in this "
+            f"environment ({sys.executable}); install it, or fix the import"
+        )
+    if isinstance(e, ImportError):
+        return RegistrationError(
+            f"module {name!r} fails to import what it needs{at}: {e}; fix the import (or "
+            "install what it names) and run the command again"
+        )
+    if isinstance(e, SyntaxError):
+        text = f": {e.text.strip()}" if e.text else ""
+        return RegistrationError(
+            f"module {name!r} has a syntax error at {where or '?'}: {e.msg}{text}; fix it and "
+            "run the command again"
+        )
+    if isinstance(e, TaskDefinitionError):
+        return RegistrationError(f"module {name!r}{at}: {e.message}")
+    return RegistrationError(
+        f"importing module {name!r} raised {type(e).__name__}: {e}{at}; fix the module (run "
+        f"`python -c 'import {name}'` for the full traceback) and run the command again"
+    )
+
+
 def discover(modules: Sequence[str]) -> list[TaskDefinition[Any, Any]]:
-    """Import ``modules`` and return every module-level task definition, in order."""
+    """Import ``modules`` and return every module-level task definition, in order.
+
+    Any failure to import one (a missing module, a syntax error, an exception at import, a
+    bad ``@task``) is one ``RegistrationError`` naming the file and line."""
     if "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: modules of the current directory
     found: dict[str, TaskDefinition[Any, Any]] = {}
     for name in modules:
         try:
             module = importlib.import_module(name)
-        except ImportError as e:
-            raise RegistrationError(
-                f"cannot import module {name!r}: {e}; pass a dotted module path importable "
-                "from the current directory, e.g. workers.orders.tasks"
-            ) from e
+        except Exception as e:  # whatever the module raises: one clear message
+            raise _import_error(name, e) from e
         defs = [v for v in vars(module).values() if isinstance(v, TaskDefinition)]
         if not defs:
             raise RegistrationError(f"module {name!r} defines no @task functions")

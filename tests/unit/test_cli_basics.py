@@ -90,3 +90,45 @@ def test_every_command_is_mounted() -> None:
     for command in ("run", "log"):
         shown = _perago(command, "--help")
         assert shown.returncode == 0, shown.stderr
+
+
+_BROKEN = {
+    "missing": "import os\nimport pyspark.sql.functionz\n",
+    "syntax": "x = 1\ndef f(:\n    pass\n",
+    "raises": "x = 1\nprint(parms)\n",
+}
+
+
+def test_modules_that_cannot_be_imported_say_what_and_where(tmp_path: Path) -> None:
+    """A missing module, a SyntaxError, an exception at import: one message naming the file
+    and line, rc 1, no Perago traceback; the dotted-path hint only for a file path."""
+    package = tmp_path / "pipe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name, text in _BROKEN.items():
+        (package / f"{name}.py").write_text(text)
+
+    def register(module: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "perago", "register", module],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    expected = {
+        "pipe.missing": f"imports 'pyspark.sql.functionz' ({package}/missing.py:2), which is "
+        "not installed",
+        "pipe.syntax": f"has a syntax error at {package}/syntax.py:2: invalid syntax",
+        "pipe.raises": f"raised NameError: name 'parms' is not defined ({package}/raises.py:2)",
+        "pipe/raises.py": "looks like a file path: pass the module's dotted path importable "
+        "from the current directory instead, e.g. pipe.raises",
+        "pipe.absent": "no module named 'pipe.absent'",
+    }
+    for module, message in expected.items():
+        done = register(module)
+        assert done.returncode == 1, (module, done.stderr)
+        assert message in done.stderr, (module, done.stderr)
+        assert "Traceback" not in done.stderr, done.stderr
+        assert "dotted path" not in done.stderr or module.endswith(".py"), done.stderr
