@@ -18,6 +18,7 @@ from perago.errors import ConfigError, PeragoError, WorkflowRunError
 
 if TYPE_CHECKING:
     from perago.adapters.conductor import ConductorClient, WorkflowRun
+    from perago.publish.history import PublicationRecord
 
 
 class _Commands(TyperGroup):
@@ -313,11 +314,12 @@ def _split_target(target: str) -> tuple[str, str | None]:
     return repository, branch or None
 
 
-def _short(location: str) -> str:
-    """``repository@commit/prefix`` with the commit id cut to 12 characters."""
-    repository, _, rest = location.partition("@")
+def _short(location: str, repository: str) -> str:
+    """``prefix @commit12`` (``repository:prefix @commit12`` from another repository)."""
+    source, _, rest = location.partition("@")
     commit, _, prefix = rest.partition("/")
-    return f"{repository}@{commit[:12]}/{prefix}"
+    where = prefix if source == repository else f"{source}:{prefix}"
+    return f"{where} @{commit[:12]}"
 
 
 @app.command("log")
@@ -332,10 +334,16 @@ def log_(
         int, typer.Option("--amount", "-n", min=1, help="How many commits to look back.")
     ] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array, for scripts.")] = False,
+    links: Annotated[
+        bool,
+        typer.Option(
+            "--links", help="Also the commit in the lakeFS UI and the workflow in Conductor."
+        ),
+    ] = False,
 ) -> None:
     """Perago's publications on a branch: workflow, step, attempt, scope, the inputs it read
-    (each at its commit), fencing token, and links to the commit in the lakeFS UI and the
-    workflow in Conductor's API."""
+    (each at its commit), fencing token; with --links the commit in the lakeFS UI and the
+    workflow in Conductor's API (--json has everything)."""
     from perago import wiring
     from perago.publish.history import branch_publications
 
@@ -362,43 +370,36 @@ def log_(
             f"no Perago publication in the last {amount} commits of {repository}/{branch or 'main'}"
         )
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{repository}/{branch or 'main'}: Perago publications, newest first")
-    for column in (
-        "commit",
-        "when (UTC)",
-        "kind",
-        "workflow",
-        "step",
-        "attempt",
-        "scope",
-        "inputs",
-        "token",
-        "lakeFS UI",
-        "Conductor API",
-    ):
-        table.add_column(column, overflow="fold", no_wrap=column in ("commit", "workflow"))
+    typer.echo(f"{repository}/{branch or 'main'}: Perago publications, newest first\n")
     for r in records:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created)) if r.created else ""
-        table.add_row(
-            r.commit[:12],
-            when,
-            r.kind,
-            r.workflow_id,
-            r.step,
-            f"retry {r.retry_count}, poll {r.poll_count}",
-            r.scope or "",
-            "\n".join(f"{name}={_short(where)}" for name, where in r.inputs.items()),
-            r.fencing_token or "",
-            r.lakefs_url,
-            r.conductor_url,
-        )
-    console = Console()
-    if not console.is_terminal:  # a pipe or a CI log: one line per publication
-        console = Console(width=500)
-    console.print(table)
+        typer.echo("\n".join(_publication_lines(r, repository, links=links)) + "\n")
+
+
+#: Inputs `perago log` lists per publication (`--json` lists all).
+_SHOWN_INPUTS = 8
+
+
+def _publication_lines(r: PublicationRecord, repository: str, *, links: bool) -> list[str]:
+    """One publication as a block of short lines (readable at 100 columns)."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created)) if r.created else "?"
+    head = (
+        f"{r.commit[:12]}  {when}  {r.kind}  {r.step} (retry {r.retry_count}, poll {r.poll_count})"
+    )
+    if r.fencing_token:
+        head += f"  token {r.fencing_token}"
+    lines = [head, f"  workflow   {r.workflow_id}"]
+    if r.scope:
+        lines.append(f"  scope      {r.scope}")
+    names = list(r.inputs)
+    width = max((len(n) for n in names[:_SHOWN_INPUTS]), default=0)
+    for i, name in enumerate(names[:_SHOWN_INPUTS]):
+        label = "  inputs     " if i == 0 else " " * 13
+        lines.append(f"{label}{name.ljust(width)} = {_short(r.inputs[name], repository)}")
+    if len(names) > _SHOWN_INPUTS:
+        lines.append(f"{' ' * 13}... and {len(names) - _SHOWN_INPUTS} more (--json lists all)")
+    if links:
+        lines += [f"  lakeFS     {r.lakefs_url}", f"  Conductor  {r.conductor_url}"]
+    return lines
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""`perago log`: the publications on a branch, read back from lakeFS, as a table and JSON."""
+"""`perago log`: the publications on a branch, read back from lakeFS, as short blocks that
+fit a 100-column terminal (links with --links) and as JSON."""
 
 from __future__ import annotations
 
@@ -49,6 +50,12 @@ def test_perago_log_lists_each_publication_with_its_identity_and_links(
     table = perago_cli(["log", repo], env)
     assert table.returncode == 0, table.stderr
     assert head[:12] in table.stdout and wid in table.stdout
+    assert "scope      data/" in table.stdout and f"token {r['fencing_token']}" in table.stdout
+    assert max(map(len, table.stdout.splitlines())) <= 100, table.stdout  # fits a terminal
+    assert r["lakefs_url"] not in table.stdout
+    linked = perago_cli(["log", repo, "--links"], env)
+    assert f"  lakeFS     {r['lakefs_url']}" in linked.stdout
+    assert f"  Conductor  {r['conductor_url']}" in linked.stdout
 
     missing = perago_cli(["log", f"no-such-repo-{unique}"], env)
     assert missing.returncode == 1
