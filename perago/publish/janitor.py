@@ -102,11 +102,10 @@ def sweep(
                 metrics.JANITOR_REMOVALS.labels("staging_branch").inc()
             report.removed.append((repo, branch, reason))
             log.info(
-                "janitor_removed",
+                "janitor_would_remove" if dry_run else "janitor_removed",
                 repository=repo,
                 staging_branch=branch,
                 reason=reason,
-                dry_run=dry_run,
             )
     return report
 
@@ -142,7 +141,8 @@ def _sweep_wap(
                 store.delete_branch(repo, branch)
                 metrics.JANITOR_REMOVALS.labels("wap_branch").inc()
             report.removed.append((repo, branch, reason))
-            log.info("janitor_removed", repository=repo, wap_branch=branch, reason=reason)
+            event = "janitor_would_remove" if dry_run else "janitor_removed"
+            log.info(event, repository=repo, wap_branch=branch, reason=reason)
 
 
 def takeover_watch(settings: Settings) -> timedelta:
@@ -193,10 +193,9 @@ def sweep_leases(
                 metrics.JANITOR_REMOVALS.labels("lease").inc()
             report.removed.append((repo, record.name, reason))
             log.info(
-                "janitor_removed_lease",
+                "janitor_would_remove_lease" if dry_run else "janitor_removed_lease",
                 repository=repo,
                 lease=record.name,
                 reason=reason,
-                dry_run=dry_run,
             )
     return report

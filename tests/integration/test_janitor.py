@@ -58,6 +58,8 @@ def test_orphan_staging_branch_removed_live_one_kept(
         dry = perago_cli([*janitor, "--dry-run"], env)
         assert dry.returncode == 0, dry.stderr
         assert f"would remove {repo}/{orphan}" in dry.stdout and live_branch not in dry.stdout
+        # its log says what it would do, never that it removed anything
+        assert "janitor_would_remove" in dry.stderr and "janitor_removed" not in dry.stderr
         # the live attempt holds its branch lease (the killed one's was taken over)
         assert f"kept lease branches/{repo}/main: held by" in dry.stdout
         assert orphan in staging_branches(store, repo)
