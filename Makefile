@@ -86,13 +86,14 @@ soak: install
 		tests/integration/test_exclusion.py tests/integration/test_bad_input.py \
 		tests/integration/test_crash_suite.py
 
-## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step, and fan-out,
-## then the model tests too large for `make test` (marked exhaustive)
+## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step, fan-out
+## and named inputs (reads), then the model tests too large for `make test` (marked exhaustive)
 model-check: $(STAMP)
 	$(BIN)/pytest -q -ra -m exhaustive -n 2 tests/unit
 	$(BIN)/python -m model
 	$(BIN)/python -m model --retries 2 --extensions 0
 	$(BIN)/python -m model.fanout --no-traces
+	$(BIN)/python -m model.reads --no-traces
 
 ## chaos: workers under seeded faults (kills, pauses, server restarts, Toxiproxy), then an
 ## audit of Conductor's and lakeFS's records; figures prepended to docs/chaos.md. Not in `test`.

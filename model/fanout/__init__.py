@@ -10,7 +10,8 @@ janitor and crashes after any step. It checks the fan-out invariants of
 Kept apart from the serial model (``model``) because the state differs (several steps,
 trees with scope markers and data, reverts): both share the explorer and the lease.
 Modules: ``config``, ``tree`` (lakeFS commits, 3-way merge, revert), ``state``, ``worker``
-(one attempt's steps, as ``perago/publish/transaction.py`` takes them), ``actions``,
+(one attempt's steps, as ``perago/publish/transaction.py`` takes them), ``reads`` (named
+inputs and the serializable read-set check, run by ``python -m model.reads``), ``actions``,
 ``invariants``, ``report``.
 """
 

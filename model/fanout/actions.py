@@ -46,10 +46,12 @@ def _environment(cfg: FanoutConfig, s: State) -> list[Transition]:
     out: list[Transition] = []
     for slot in range(cfg.slots):
         for empty in (False, True) if cfg.noop else (False,):
-            polled = conductor.poll(cfg, s, slot, Attempt("fence1", empty=empty))
+            start = Attempt("fence1", empty=empty) if s.pinned else Attempt("start", empty=empty)
+            polled = conductor.poll(cfg, s, slot, start)
             if polled is not None:
                 body = "empty diff" if empty else "non-empty diff"
-                label = f"a worker polls {attempt_name(cfg, slot)}: from r0, body -> {body}"
+                where = "from r0, " if s.pinned else ""
+                label = f"a worker polls {attempt_name(cfg, slot)}: {where}body -> {body}"
                 out.append((CONDUCTOR, label, polled, False))
         timed_out = conductor.timeout(cfg, s, slot)
         if timed_out is not None:

@@ -1,6 +1,7 @@
 """Conductor for the fork: each step's task ids, polls, response timeouts and updates, as in
 the serial model (``model.conductor``): an update is effective iff the task is not
-terminal; FAILED and TIMED_OUT schedule the step's next retry."""
+terminal; FAILED and TIMED_OUT schedule the step's next retry, FAILED_WITH_TERMINAL_ERROR
+does not."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from model.fanout.state import (
     IN_PROGRESS,
     LIVE_TASK,
     SCHEDULED,
+    TERMINAL,
     Attempt,
     State,
     Task,
@@ -49,10 +51,14 @@ def timeout(cfg: FanoutConfig, s: State, slot: int) -> State | None:
     return s._replace(tasks=_retry(cfg, _with(s, slot, t._replace(status=ENDED)), slot))
 
 
-def report(cfg: FanoutConfig, s: State, slot: int, status: str, ref: int) -> tuple[State, bool]:
+def report(
+    cfg: FanoutConfig, s: State, slot: int, status: str, ref: int, input_ref: int
+) -> tuple[State, bool]:
     t = s.tasks[slot]
     if t.status not in LIVE_TASK:
         return s, False
     if status == COMPLETED:
-        return s._replace(tasks=_with(s, slot, t._replace(status=COMPLETED, output=ref))), True
-    return s._replace(tasks=_retry(cfg, _with(s, slot, t._replace(status=ENDED)), slot)), True
+        done = t._replace(status=COMPLETED, output=ref, input_ref=input_ref)
+        return s._replace(tasks=_with(s, slot, done)), True
+    tasks = _with(s, slot, t._replace(status=ENDED))
+    return s._replace(tasks=tasks if status == TERMINAL else _retry(cfg, tasks, slot)), True

@@ -1,5 +1,5 @@
-"""What one fan-out model-check run explores: the steps, their retries, and which
-mechanisms are switched on (``--drop`` removes one to show what it protects)."""
+"""What one fan-out model-check run explores: the steps, their retries, what they read, and
+which mechanisms are switched on (``--drop`` removes one to show what it protects)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from model.explore import Spec
 
-__all__ = ["FOREIGN_MODES", "MECHANISMS", "STEPS", "FanoutConfig", "overlaps"]
+__all__ = ["FOREIGN_MODES", "ISOLATION", "MECHANISMS", "STEPS", "FanoutConfig", "overlaps"]
 
 #: The writing steps of the fork: name -> scope (their rendered prefixes).
 STEPS: dict[str, str] = {"A": "a/", "B": "b/", "C": "a/x/"}
@@ -29,9 +29,13 @@ MECHANISMS: dict[str, str] = {
     "scoped-replace": "a retry under sibling publications takes its earlier attempt's "
     "publication for a sibling's and merges beside it (no revert)",
     "tag": "a replaced head is not tagged before the hard reset",
+    "read-set": "a serializable step does not check, under the lease, that the folders it "
+    "read are unchanged at the head it publishes over",
 }
 
 FOREIGN_MODES = ("off", "outside-reset")
+#: Isolation of a step's named inputs read from the target branch (issue 25).
+ISOLATION = ("snapshot", "serializable")
 
 
 def overlaps(a: str, b: str) -> bool:
@@ -53,7 +57,9 @@ class FanoutConfig:
     #: ``outside-reset``: one foreign commit at any moment except inside a reset window.
     foreign: str = "outside-reset"
     hooks: tuple[bool, ...] = (False, True)
-    #: Every writer of a fork pins the fork's input ref r0 (the documented pattern).
+    #: Every writer of a fork pins the fork's input ref r0 (the documented pattern); False:
+    #: no step's input names a ref, so each attempt starts from the branch head (or from its
+    #: earlier attempt's input ref, ``unpinned_input_ref``). Both: two initial states.
     pinned: tuple[bool, ...] = (True,)
     #: Bodies may produce an empty diff (the no-op path) as well as a non-empty one.
     noop: bool = True
@@ -63,6 +69,12 @@ class FanoutConfig:
     #: could fail in, only states (``--crashes`` checks that on a smaller fork).
     crashes: bool = False
     drops: frozenset[str] = field(default_factory=frozenset)
+    #: Named read-only inputs from the target branch: (step, folder) pairs. A step reads the
+    #: folder at its attempt's input ref; the folder is disjoint from its own scope.
+    reads: tuple[tuple[str, str], ...] = ()
+    #: Isolation of those reads: ``snapshot`` (the publish fence guards the output scope
+    #: only) or ``serializable`` (the read-set check at publish time).
+    isolation: str = "snapshot"
 
     def __post_init__(self) -> None:
         unknown = self.drops - MECHANISMS.keys()
@@ -72,8 +84,20 @@ class FanoutConfig:
             raise ValueError(f"steps and retried name steps of {sorted(STEPS)}")
         if self.foreign not in FOREIGN_MODES:
             raise ValueError(f"foreign must be one of {FOREIGN_MODES}, not {self.foreign!r}")
-        if self.retries < 0 or not self.hooks:
-            raise ValueError("retries must be >= 0 and hooks non-empty")
+        if self.retries < 0 or not self.hooks or not self.pinned:
+            raise ValueError("retries must be >= 0, hooks and pinned non-empty")
+        if self.isolation not in ISOLATION:
+            raise ValueError(f"isolation must be one of {ISOLATION}, not {self.isolation!r}")
+        for step, folder in self.reads:
+            if step not in self.steps or overlaps(STEPS[step], folder):
+                raise ValueError(f"{step} reads {folder!r}: name a step of the run, another folder")
+        scopes = [self.scope(i) for i in range(len(self.steps))]
+        if False in self.pinned and any(
+            overlaps(a, b) for i, a in enumerate(scopes) for b in scopes[i + 1 :]
+        ):
+            # F3 and the scope markers stand for publications from one input ref (the code
+            # keeps markers per input ref); unpinned overlapping writers are not modelled.
+            raise ValueError("unpinned inputs are modelled for disjoint steps only")
 
     def spec(self) -> Spec:
         from model.explore import Spec
@@ -118,12 +142,23 @@ class FanoutConfig:
     def lease_keys(self) -> int:
         return 1 if self.has("branch-lease") else len(self.steps)
 
+    def reads_of(self, step: int) -> tuple[str, ...]:
+        """The folders step number ``step`` reads from the target branch."""
+        return tuple(folder for name, folder in self.reads if name == self.steps[step])
+
+    def checks_reads(self, step: int) -> bool:
+        """Whether step number ``step``'s publications run the read-set check."""
+        return self.isolation == "serializable" and bool(self.reads_of(step))
+
     def describe(self) -> str:
         hook = "off and on" if len(set(self.hooks)) > 1 else "on" if self.hooks[0] else "off"
         scopes = ", ".join(f"{n} {STEPS[n]}" for n in self.steps)
+        pins = {True: "pinned to r0", False: "unpinned"}
+        reads = [f"{n} reads {f}" for n, f in self.reads]
         return ", ".join(
             [
-                f"steps {scopes} from one input ref",
+                f"steps {scopes}, inputs {' and '.join(pins[p] for p in self.pinned)}",
+                *([f"{' and '.join(reads)} ({self.isolation})"] if reads else []),
                 f"retries={self.retries} of {self.retried or 'none'}",
                 f"foreign writer={self.foreign}",
                 f"hook={hook}",

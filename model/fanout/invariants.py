@@ -12,13 +12,18 @@ F4  a foreign commit is never replaced: once on the branch it stays on the first
     history and its data stays in the head;
 F5  every commit that was ever the head stays reachable (branch or tag);
 F6  fail closed: a COMPLETED output holds of its step only the completing attempt's data
-    (or none) and no foreign data: it never published over a foreign commit;
+    (or none) and no foreign data its input ref did not hold: it never published over a
+    foreign commit;
+R1  serializable reads: a step with serializable inputs publishes (its merge lands, or its
+    no-op completes) only where every folder it read holds what it read at its input ref:
+    at the merge's first parent, at the head of the no-op decision (checked on the step);
 I2a only an attempt current in Conductor at its last fence moves the branch;
 I2b an attempt moves the branch only while it holds the lease it takes.
 """
 
 from __future__ import annotations
 
+from model.fanout import reads
 from model.fanout.config import FanoutConfig, overlaps
 from model.fanout.state import COMPLETED, State, attempt_name, ref_name, step_of
 from model.fanout.tree import FOREIGN, FOREIGN_DATA, NO_REF, ROOT, first_parent_history, reachable
@@ -33,6 +38,7 @@ INVARIANTS = {
     "F4": "a foreign commit is never replaced",
     "F5": "nothing that was on the branch becomes unreachable (branch or tag)",
     "F6": "fail closed: a COMPLETED output holds only its own step data, no foreign data",
+    "R1": "a serializable step publishes only over the folder content it read",
     "I2a": "only an attempt current in Conductor at its last fence moves the branch",
     "I2b": "an attempt moves the branch only while it holds its lease",
 }
@@ -101,13 +107,44 @@ def check_state(cfg: FanoutConfig, s: State) -> tuple[str, str] | None:
             return "F2", f"{what}, but the head holds {have} of step {cfg.steps[step]}"
         if not head.first_parents >> o & 1:
             return "F2", f"{what}, which is not on the branch's first-parent history"
-        if published not in ([], [slot]) or out.data & FOREIGN_DATA:
-            return "F6", f"{what}, which is not r0 plus siblings plus its own change"
+        read_at = s.commits[task.input_ref]
+        assert read_at is not None
+        if published not in ([], [slot]) or out.data & ~read_at.data & FOREIGN_DATA:
+            return "F6", f"{what}, which is not its input plus siblings plus its own change"
     return None
+
+
+def _published_over_changed_reads(
+    cfg: FanoutConfig, before: State, tr: Transition
+) -> tuple[str, str] | None:
+    """R1 on a serializable step's merge (it lands on ``before.head``) or no-op completion
+    (decided on ``before.head``). A hard reset lands on the input ref itself."""
+    actor, _, after, moved = tr
+    a, step = before.attempts[actor], step_of(cfg, actor)[0]
+    assert a is not None
+    if not cfg.checks_reads(step):
+        return None
+    done = after.attempts[actor]
+    merged = moved and a.pc == "merge"
+    noop = a.pc == "noop_decide" and done is not None and done.status == COMPLETED
+    changed = reads.changed_read(cfg, before, step, a.input_ref, before.head)
+    if not (merged or noop) or changed is None:
+        return None
+    how = "its merge lands on" if merged else "it completes as a no-op on"
+    return "R1", (
+        f"{attempt_name(cfg, actor)} read {changed[0]} at {ref_name(cfg, a.input_ref)}, but "
+        f"{how} {ref_name(cfg, before.head)}, where {ref_name(cfg, changed[1])} changed it"
+    )
 
 
 def check_transition(cfg: FanoutConfig, before: State, tr: Transition) -> tuple[str, str] | None:
     actor, _, _after, moved = tr
+    if actor < 0:
+        return None
+    if cfg.reads:
+        bad = _published_over_changed_reads(cfg, before, tr)
+        if bad is not None:
+            return bad
     if not moved:
         return None
     a = before.attempts[actor]

@@ -36,11 +36,13 @@ def summary(cfg: FanoutConfig, s: State) -> str:
 
 def format_counterexample(cfg: FanoutConfig, cx: Counterexample) -> str:
     hook = "installed" if cx.initial.hook else "not installed"
+    pins = "every writer pins r0" if cx.initial.pinned else "no writer's input names a ref"
+    reads = "".join(f"; {n} reads {f} ({cfg.isolation})" for n, f in cfg.reads)
     lines = [
         f"Counterexample to {cx.invariant} ({INVARIANTS.get(cx.invariant, 'no deadlock')}), "
         f"{len(cx.steps)} steps:",
         f"  {cx.message}",
-        f"  initially: head r0; every writer pins r0; expected-head hook {hook}",
+        f"  initially: head r0; {pins}; expected-head hook {hook}{reads}",
         "  (X0, X1: step X's first attempt and its retry; S[x], P[x], M[x]: x's staged commit, "
         "scoped-replacement branch, merge; F: the foreign commit)",
     ]
@@ -69,6 +71,8 @@ def format_result(result: Result, *, traces: bool = True, baseline: Result | Non
     known = {v.invariant for v in baseline.violations} if baseline else set()
     found = {v.invariant: v for v in result.violations}
     for inv, text in {**INVARIANTS, "deadlock": "no deadlock other than all-terminal"}.items():
+        if inv == "R1" and not any(cfg.checks_reads(i) for i in range(len(cfg.steps))):
+            continue
         v = found.get(inv)
         verdict = "holds" if v is None else f"VIOLATED ({len(v.steps)} steps)"
         if v is not None and baseline is not None:
@@ -83,6 +87,8 @@ def format_result(result: Result, *, traces: bool = True, baseline: Result | Non
 
 def _unreachable(cfg: FanoutConfig) -> frozenset[str]:
     out = set()
+    if False not in cfg.pinned:
+        out.add("start")
     if not cfg.leases:
         out |= {"noop_lease", "noop_fence", "merge_refresh", "merge_recheck", "reread"}
         out |= {"refresh", "recheck"}

@@ -33,6 +33,7 @@ __all__ = [
     "LIVE_TASK",
     "NONE",
     "SCHEDULED",
+    "TERMINAL",
     "Attempt",
     "Lease",
     "State",
@@ -45,8 +46,14 @@ __all__ = [
 ]
 
 
+#: A report of FAILED_WITH_TERMINAL_ERROR: the task ends and Conductor schedules no retry.
+TERMINAL = "FAILED_WITH_TERMINAL_ERROR"
+
+
 class Attempt(NamedTuple):
-    pc: str = "fence1"  # started at the poll: materialize, body and diff are private
+    #: A pinned attempt starts at the poll (materialize, body and diff are private); an
+    #: unpinned one first reads the head (``start``).
+    pc: str = "fence1"
     empty: bool = False  # the diff is empty: the no-op path
     seen: int = NO_REF  # the head its publish fence (or no-op decision) saw
     source: int = NO_REF  # what it merges: its staged commit, or its scoped-replacement branch
@@ -54,10 +61,13 @@ class Attempt(NamedTuple):
     leased: bool = False
     status: str = ""
     ref: int = NO_REF
+    #: Where its staging branch starts and its inputs are read (pinned: r0).
+    input_ref: int = ROOT
 
 
 class State(NamedTuple):
     hook: bool
+    pinned: bool  # every step's input names r0; else each attempt starts from the head
     commits: tuple[Commit | None, ...]
     head: int
     tags: int
@@ -101,7 +111,7 @@ def marker_paths(cfg: FanoutConfig) -> tuple[str, ...]:
 
 
 def initial_states(cfg: FanoutConfig) -> Iterator[State]:
-    """The fork schedules every step's first task; the branch head is the input ref r0."""
+    """The fork schedules every step's first task; the branch head is r0."""
     root = Commit((), "root", NO_REF, (ABSENT,) * len(marker_paths(cfg)), 0, 0, 1, 1)
     commits: tuple[Commit | None, ...] = (root,) + (None,) * merge_slot(cfg.slots - 1)
     tasks = tuple(
@@ -110,14 +120,16 @@ def initial_states(cfg: FanoutConfig) -> Iterator[State]:
         for retry in range(cfg.max_tasks)
     )
     for hook in cfg.hooks:
-        yield State(
-            hook=hook and cfg.has("hook"),
-            commits=commits,
-            head=ROOT,
-            tags=0,
-            heads=1 << ROOT,
-            leases=(Lease(),) * cfg.lease_keys,
-            tasks=tasks,
-            foreign=0 if cfg.foreign == "off" else 1,
-            attempts=(None,) * cfg.slots,
-        )
+        for pinned in cfg.pinned:
+            yield State(
+                hook=hook and cfg.has("hook"),
+                pinned=pinned,
+                commits=commits,
+                head=ROOT,
+                tags=0,
+                heads=1 << ROOT,
+                leases=(Lease(),) * cfg.lease_keys,
+                tasks=tasks,
+                foreign=0 if cfg.foreign == "off" else 1,
+                attempts=(None,) * cfg.slots,
+            )

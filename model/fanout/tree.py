@@ -55,6 +55,7 @@ class Commit(NamedTuple):
     replaces: int  # merge of a scoped replacement: bitmask of the commits it reverted
     ancestors: int  # bitmask, itself included
     first_parents: int  # bitmask of its first-parent chain, itself included
+    input_ref: int = NO_REF  # ``perago.input_ref`` of a Perago commit: what a retry pins
 
 
 def staged_slot(slot: int) -> int:
@@ -79,6 +80,7 @@ def add_commit(
     data: int,
     owner: int = NO_REF,
     replaces: int = 0,
+    input_ref: int = NO_REF,
 ) -> tuple[Commit | None, ...]:
     anc = 1 << ref
     for p in parents:
@@ -87,7 +89,7 @@ def add_commit(
         anc |= parent.ancestors
     first = commits[parents[0]] if parents else None
     fp = (1 << ref) | (first.first_parents if first is not None else 0)
-    commit = Commit(parents, kind, owner, markers, data, replaces, anc, fp)
+    commit = Commit(parents, kind, owner, markers, data, replaces, anc, fp, input_ref)
     return (*commits[:ref], commit, *commits[ref + 1 :])
 
 

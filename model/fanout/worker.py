@@ -9,6 +9,11 @@ step). As coded: a COMPLETED report is a guarded write under the lease and the n
 always takes the lease (guarded-report), merges are guarded writes, a lost merge answer is
 looked up in the history and gets the post-publish check but no lease re-check. The hook's
 re-fence is not bounded to 4 tries (the head moves finitely often in the model anyway).
+
+Named inputs (issue 25): an unpinned attempt first reads the head (``start``), which fixes
+its input ref, where it stages and reads its input folders. A serializable step runs the
+read-set check wherever it has just read the head it would publish over: the publish
+fence, the no-op decision and the hook's re-fence (``model.fanout.reads``).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 from model import lease
+from model.fanout import reads
 from model.fanout.config import FanoutConfig, overlaps
 from model.fanout.state import (
     COMPLETED,
     FAILED,
     IN_PROGRESS,
+    TERMINAL,
     Attempt,
     State,
     marker_paths,
@@ -66,7 +73,8 @@ def _put(s: State, slot: int, a: Attempt, **changes: Any) -> State:
 def _finish(cfg: FanoutConfig, a: Attempt, status: str, ref: int = NO_REF) -> Attempt:
     """Report COMPLETED under the lease then release it; release first for FAILED."""
     report_first = not a.leased or status == COMPLETED
-    return Attempt("report" if report_first else "release", leased=a.leased, status=status, ref=ref)
+    pc = "report" if report_first else "release"
+    return Attempt(pc, leased=a.leased, status=status, ref=ref, input_ref=a.input_ref)
 
 
 def _same_step(cfg: FanoutConfig, a: int, b: int) -> bool:
@@ -115,6 +123,48 @@ def _who(cfg: FanoutConfig, s: State, head: int) -> str:
     return ref_name(cfg, head)
 
 
+def _start(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    """``unpinned_input_ref``: the head; for a retry, the input ref of an earlier attempt of
+    the step published on the head's first-parent history, so that it replaces that
+    publication instead of stacking a second one on it."""
+    input_ref, how = s.head, f"no ref: the head {ref_name(cfg, s.head)} is its input ref"
+    if step_of(cfg, slot)[1] > 0:
+        for ref in first_parent_history(s.commits, s.head):
+            commit = s.commits[ref]
+            assert commit is not None
+            if commit.owner != NO_REF and _earlier(cfg, commit.owner, slot):
+                input_ref = commit.input_ref
+                how = (
+                    f"no ref: {ref_name(cfg, ref)} is an earlier attempt's, its input ref "
+                    f"{ref_name(cfg, input_ref)} is this one's"
+                )
+                break
+    folders = cfg.reads_of(step_of(cfg, slot)[0])
+    if folders:
+        how += f"; reads {', '.join(folders)} there"
+    return [(slot, how, _put(s, slot, a._replace(pc="fence1", input_ref=input_ref)), False)]
+
+
+def _read_set(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> Transition | None:
+    """Serializable isolation, under the lease, on the head just read: refuse if a folder the
+    attempt read changed since its input ref. Terminal when pinned (every retry would read
+    the same commit), else retryable (``hopeless``)."""
+    step = step_of(cfg, slot)[0]
+    if not cfg.checks_reads(step) or not cfg.has("read-set"):
+        return None
+    changed = reads.changed_read(cfg, s, step, a.input_ref, s.head)
+    if changed is None:
+        return None
+    folder, by = changed
+    status = TERMINAL if s.pinned else FAILED
+    label = (
+        f"read-set check: {folder} changed between {ref_name(cfg, a.input_ref)} and the head "
+        f"{ref_name(cfg, s.head)} (by {ref_name(cfg, by)}): PublishFenceError, "
+        + ("terminal (pinned input)" if s.pinned else "retryable")
+    )
+    return slot, label, _put(s, slot, _finish(cfg, a, status)), False
+
+
 def _current(cfg: FanoutConfig, s: State, slot: int) -> bool:
     return s.tasks[slot].status == IN_PROGRESS
 
@@ -153,16 +203,17 @@ def _set_lease(cfg: FanoutConfig, s: State, slot: int, value: Any) -> tuple[Any,
 
 
 def _stage(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    """Staging branch from r0, uploads, scope markers, the lease, the staged commit."""
+    """Staging branch from the input ref, uploads, scope markers, the lease, the staged
+    commit (the input ref's tree with the step's scope replaced by this attempt's files)."""
     leases, label = s.leases, "stages"
     if cfg.leases:
         got = _acquire(cfg, s, slot)
         if got is None:
             return []
         leases, label = got[0], got[1] + "; stages"
-    root = s.commits[ROOT]
-    assert root is not None
-    markers = list(root.markers)
+    base = s.commits[a.input_ref]
+    assert base is not None
+    markers = list(base.markers)
     if cfg.has("marker"):
         own = cfg.scope(step_of(cfg, slot)[0]).strip("/")
         for i, path in enumerate(marker_paths(cfg)):
@@ -171,23 +222,29 @@ def _stage(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
             elif own.startswith(path + "/") or path == "":
                 markers[i] = INTENT
     staged = staged_slot(slot)
+    first = step_of(cfg, slot)[0] * cfg.max_tasks
+    scope = ((1 << cfg.max_tasks) - 1) << first
     commits = add_commit(
         s.commits,
         staged,
-        (ROOT,),
+        (a.input_ref,),
         kind="staged",
         owner=slot,
         markers=tuple(markers),
-        data=root.data | 1 << slot,
+        data=base.data & ~scope | 1 << slot,
+        input_ref=a.input_ref,
     )
-    label += f"; commits {ref_name(cfg, staged)} on r0"
+    label += f"; commits {ref_name(cfg, staged)} on {ref_name(cfg, a.input_ref)}"
     nxt = a._replace(pc="fence2", leased=cfg.leases, source=staged)
     return [(slot, label, _put(s, slot, nxt, commits=commits, leases=leases), False)]
 
 
 def _publish_fence(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    d = decide(cfg, s, slot, s.head)
+    d = decide(cfg, s, slot, s.head, a.input_ref)
     label = f"publish fence: head {ref_name(cfg, s.head)} -> {d}"
+    refused = _read_set(cfg, s, slot, a) if d in (FIRST, BESIDE, REPLACE, SCOPED) else None
+    if refused is not None:
+        return [(slot, f"{label}; {refused[1]}", *refused[2:])]
     if d in (FIRST, BESIDE):
         nxt = a._replace(pc="merge_refresh" if cfg.leases else "merge", seen=s.head)
     elif d == REPLACE:
@@ -223,7 +280,7 @@ def _scoped(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transiti
     tree: tuple[tuple[int, ...], int] | None = (seen.markers, seen.data)
     undo = 0
     for ref in first_parent_history(s.commits, a.seen):
-        if ref == ROOT:
+        if ref == a.input_ref:
             break
         commit = s.commits[ref]
         assert commit is not None
@@ -248,6 +305,7 @@ def _scoped(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transiti
         markers=tree[0],
         data=tree[1],
         replaces=undo,
+        input_ref=a.input_ref,
     )
     names = ", ".join(ref_name(cfg, r) for r in range(len(s.commits)) if undo >> r & 1)
     label = f"scoped replacement: {ref_name(cfg, private)} from the head reverts {names}"
@@ -303,6 +361,7 @@ def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
         markers=tree[0],
         data=tree[1],
         replaces=source.replaces,
+        input_ref=a.input_ref,
     )
     moved = s._replace(commits=commits, head=into, heads=s.heads | 1 << into)
     landed = (
@@ -325,10 +384,13 @@ def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
 
 
 def _refence(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    d = decide(cfg, s, slot, s.head)
+    d = decide(cfg, s, slot, s.head, a.input_ref)
     label = f"publish fence again: head {ref_name(cfg, s.head)} -> {d}"
     if d != BESIDE:
         return [(slot, label + ": fails", _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    refused = _read_set(cfg, s, slot, a)
+    if refused is not None:
+        return [(slot, f"{label}; {refused[1]}", *refused[2:])]
     nxt = a._replace(pc="merge_refresh" if cfg.leases else "merge", seen=s.head)
     return [(slot, label, _put(s, slot, nxt), False)]
 
@@ -350,17 +412,20 @@ def _noop_lease(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Tran
 
 
 def _noop_decide(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    d = decide(cfg, s, slot, s.head)
-    head = ref_name(cfg, s.head)
+    d = decide(cfg, s, slot, s.head, a.input_ref)
+    head, input_ref = ref_name(cfg, s.head), ref_name(cfg, a.input_ref)
+    refused = _read_set(cfg, s, slot, a) if d in (FIRST, BESIDE, REPLACE, SCOPED) else None
+    if refused is not None:
+        return [(slot, f"no-op: head {head} -> {d}; {refused[1]}", *refused[2:])]
     if d in (FIRST, BESIDE):
-        nxt = _finish(cfg, a, COMPLETED, ROOT)
-        label = f"no-op: head {head} -> {d}: completes with r0"
+        nxt = _finish(cfg, a, COMPLETED, a.input_ref)
+        label = f"no-op: head {head} -> {d}: completes with {input_ref}"
     elif d == SCOPED:
         nxt = a._replace(pc="scoped", seen=s.head)
         label = f"no-op: head {head} -> scoped replacement (revert only)"
     elif d == REPLACE:
         nxt = a._replace(pc="reread" if cfg.leases else _tag_or_reset(cfg), seen=s.head)
-        label = f"no-op: head {head} is an abandoned publication: relocate to r0"
+        label = f"no-op: head {head} is an abandoned publication: relocate to {input_ref}"
     else:
         nxt = _finish(cfg, a, FAILED)
         label = f"no-op: head {head} -> {d}: PublishFenceError"
@@ -391,7 +456,7 @@ def _refresh(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transit
 
 
 def _reset(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    to = ROOT if a.empty else a.source
+    to = a.input_ref if a.empty else a.source
     if cfg.leases:
         why = lease.guard(s.leases[_key(cfg, slot)], slot)
         if why:
@@ -399,7 +464,7 @@ def _reset(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
             return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
         nxt = a._replace(pc="recheck")
     elif a.empty:
-        nxt = _finish(cfg, a, COMPLETED, ROOT)
+        nxt = _finish(cfg, a, COMPLETED, a.input_ref)
     else:
         nxt = a._replace(pc="verify")
     label = f"hard-resets the branch from {ref_name(cfg, s.head)} to {ref_name(cfg, to)}"
@@ -410,7 +475,7 @@ def _recheck(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transit
     if not lease.holds(s.leases[_key(cfg, slot)], slot):
         label = "re-checks the lease after the reset: lost (LeaseLostError)"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
-    nxt = _finish(cfg, a, COMPLETED, ROOT) if a.empty else a._replace(pc="verify")
+    nxt = _finish(cfg, a, COMPLETED, a.input_ref) if a.empty else a._replace(pc="verify")
     return [(slot, "re-checks the lease after the reset: held", _put(s, slot, nxt), False)]
 
 
@@ -440,7 +505,7 @@ def _report(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transiti
     if under_lease and lease.guard(s.leases[_key(cfg, slot)], slot):
         label = f"guarded report refused ({lease.guard(s.leases[_key(cfg, slot)], slot)}); "
         a = a._replace(status=FAILED, ref=NO_REF)
-    reported, effective = conductor.report(cfg, s, slot, a.status, a.ref)
+    reported, effective = conductor.report(cfg, s, slot, a.status, a.ref, a.input_ref)
     what = a.status + (f" with output {ref_name(cfg, a.ref)}" if a.status == COMPLETED else "")
     label += f"reports {what} ({'effective' if effective else 'ignored: the task is terminal'})"
     nxt = a._replace(pc="release", status=REPORTED) if under_lease else Attempt("done")
@@ -450,6 +515,7 @@ def _report(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transiti
 Step = Callable[[FanoutConfig, State, int, Attempt], list[Transition]]
 
 _STEPS: dict[str, Step] = {
+    "start": _start,
     "fence1": lambda cfg, s, slot, a: _fence(cfg, s, slot, a, 1),
     "stage": _stage,
     "fence2": lambda cfg, s, slot, a: _fence(cfg, s, slot, a, 2),
