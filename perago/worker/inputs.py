@@ -80,8 +80,12 @@ def resolve_inputs(
     raw: object,
     target: WorkspaceTarget,
     params: Any,
+    *,
+    default_commit: str | None = None,
 ) -> tuple[ResolvedInput, ...]:
-    """Every declared input, resolved to the commit this attempt reads it at."""
+    """Every declared input, resolved to the commit this attempt reads it at: an input the
+    workflow does not point elsewhere is read at ``default_commit`` (the target branch's
+    head when the attempt started, or the pinned ref; default: the input ref)."""
     if not defn.workspace.inputs:
         if raw:
             named = sorted(map(str, raw)) if isinstance(raw, dict) else [repr(raw)]
@@ -111,7 +115,7 @@ def resolve_inputs(
                     "input ref)"
                 ) from e
         else:
-            commit = target.input_ref
+            commit = default_commit or target.input_ref
         on_target = repository == target.repository and ref in ("", target.branch)
         if next(iter(store.list_objects(repository, commit, prefix)), None) is None:
             raise GuardrailError(

@@ -279,7 +279,14 @@ class AttemptRunner:
                     "(or omit ref to start from the branch head)"
                 ) from e
         target = WorkspaceTarget(ws.repository, ws.branch, input_ref)
-        reads = resolve_inputs(self._store, defn, raw.get("inputs"), target, params)
+        # Pinned: inputs at the pinned commit, so a retry reads what its attempt read.
+        # Unpinned: at the head this attempt starts from, even when a retry's workspace starts
+        # from its earlier attempt's input ref (to replace that publication): each attempt
+        # reads its inputs afresh (else a serializable retry would be refused forever, F7).
+        inputs_at = input_ref if ws.ref is not None else head
+        reads = resolve_inputs(
+            self._store, defn, raw.get("inputs"), target, params, default_commit=inputs_at
+        )
         serializable = defn.workspace.isolation == "serializable"
         return replace(target, reads=reads, serializable=serializable), params
 

@@ -466,3 +466,33 @@ def test_a_write_audit_publish_publication_records_what_its_steps_read(
         f"report.{name}": f"repo@{step.output['inputs'][name]['commit']}/{prefix}"
         for name, prefix in [("customers", "dims/customers/"), ("facts", "clean/month=02/")]
     }
+
+
+def test_a_serializable_retry_after_a_lost_report_reads_the_new_input(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    """Finding F7 of the model check (docs/model-check.md): the first attempt publishes, its
+    report is lost, a sibling then rewrites the folder it read. The retry's workspace starts
+    from the first attempt's input ref (to replace that publication), but its inputs are read
+    at the head it starts from: it publishes, from the sibling's data, in place of the first."""
+    stub = StubOrchestrator(gate_timeout=20)
+    stub.fail("report", applied=False)
+    base = store.branch_head("repo", "main")
+    with running(stub, store, tmp_path):
+        wid = submit(stub, "month_report_serializable", retries=1)
+        first = stub.attempts(wid)[0].task_id
+        stub.wait_for(lambda s: len(s.reports(first)) == 1)
+        assert stub.task(first).status == "IN_PROGRESS"
+        _sibling_publishes_facts.done = False  # type: ignore[attr-defined]
+        _sibling_publishes_facts(store)
+        stub.time_out(first)
+        outcome = settle(stub, wid)
+    assert outcome.status == "COMPLETED", outcome.reason
+    assert outcome.output["result"]["rows"] == 5
+    head = store.get_commit("repo", outcome.output["workspace"]["ref"])
+    assert outcome.output["inputs"]["facts"]["commit"] == head.parents[0]
+    assert head.metadata.get("perago.replaces"), "the retry replaced the first publication"
+    # one publication of the step in effect: the report's text is the retry's
+    tree = store.tree("repo", head.id)
+    assert tree["reports/month=01/report.txt"] == b"5 rows; customers ann,bob"
+    assert base != head.id
