@@ -51,22 +51,30 @@ _LEVELS = {
 _verbose = False
 
 
-def _level_from_env() -> int:
+def _level_from_env(variable: str = "PERAGO_LOG_LEVEL", default: str = "info") -> int:
     import os
 
-    name = os.environ.get("PERAGO_LOG_LEVEL", "info").strip().lower()
+    name = os.environ.get(variable, default).strip().lower()
     if name not in _LEVELS:
         raise typer.BadParameter(
-            f"PERAGO_LOG_LEVEL={name!r}: use one of {', '.join(_LEVELS)}", param_hint="env"
+            f"{variable}={name!r}: use one of {', '.join(_LEVELS)}", param_hint="env"
         )
     return _LEVELS[name]
 
 
-def configure_logging(*, json_logs: bool | None = None, level: int | None = None) -> None:
+def configure_logging(
+    *, json_logs: bool | None = None, level: int | None = None, libraries: int | None = None
+) -> None:
     """One pipeline: structlog events and stdlib records (the SDKs, urllib3, py4j) rendered
-    alike, JSON lines when stderr is no terminal (pods), readable lines in a terminal."""
+    alike, JSON lines when stderr is no terminal (pods), readable lines in a terminal.
+
+    ``level`` (``PERAGO_LOG_LEVEL``, ``-v``) is Perago's own; the libraries' records pass from
+    ``libraries`` up (``PERAGO_LOG_LEVEL_LIBRARIES``, default warning): Perago's debug is not
+    py4j's thousands of lines."""
     if level is None:
         level = logging.DEBUG if _verbose else _level_from_env()
+    if libraries is None:
+        libraries = _level_from_env("PERAGO_LOG_LEVEL_LIBRARIES", "warning")
     if json_logs is None:
         json_logs = not sys.stderr.isatty()
     renderer: Any = (
@@ -85,8 +93,8 @@ def configure_logging(*, json_logs: bool | None = None, level: int | None = None
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    # stdlib records go through the same processors and renderer; the SDKs only when they
-    # warn, unless debugging.
+    # stdlib records go through the same processors and renderer: Perago's own at its level,
+    # the libraries' at theirs.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
@@ -96,7 +104,8 @@ def configure_logging(*, json_logs: bool | None = None, level: int | None = None
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if level == logging.DEBUG else max(level, logging.WARNING))
+    root.setLevel(libraries)
+    logging.getLogger("perago").setLevel(level)
     logging.captureWarnings(True)
 
 

@@ -38,12 +38,14 @@ def test_version_is_the_installed_distributions() -> None:
     assert out.stdout.strip() == f"perago {version('perago-runtime')}"
 
 
-def _log_lines(level: str | None) -> list[dict[str, object]]:
+def _log_lines(level: str | None, libraries: str | None = None) -> list[dict[str, object]]:
     import os
 
-    env = {k: v for k, v in os.environ.items() if k != "PERAGO_LOG_LEVEL"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERAGO_LOG_LEVEL")}
     if level:
         env["PERAGO_LOG_LEVEL"] = level
+    if libraries:
+        env["PERAGO_LOG_LEVEL_LIBRARIES"] = libraries
     out = subprocess.run(
         [sys.executable, "-c", _LOGS], cwd=ROOT, capture_output=True, text=True, env=env
     )
@@ -63,13 +65,17 @@ def test_stdlib_records_are_rendered_like_structlog_events() -> None:
 
 
 def test_log_level_from_the_environment() -> None:
+    """PERAGO_LOG_LEVEL is Perago's; the libraries' records need PERAGO_LOG_LEVEL_LIBRARIES."""
     assert {e["event"] for e in _log_lines("debug")} == {
         "ours_debug",
         "ours_info",
-        "sdk_info",
         "sdk_warning x",
     }
     assert {e["event"] for e in _log_lines("warning")} == {"sdk_warning x"}
+    assert {e["event"] for e in _log_lines("warning", libraries="info")} == {
+        "sdk_info",
+        "sdk_warning x",
+    }
 
 
 def test_an_unknown_log_level_is_a_usage_error() -> None:
