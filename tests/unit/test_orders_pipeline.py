@@ -121,3 +121,28 @@ def test_a_day_summary_joins_its_partition_with_the_customers_dimension(
     assert ("unknown" in summary.revenue_by_region) == bool(unknown)
     assert abs(sum(summary.revenue_by_region.values()) - summary.revenue) < 0.05
     assert (out / "summary.json").read_text() == summary.model_dump_json()
+
+
+def test_the_spark_extra_carries_what_pandas_conversions_need(tmp_path: Path, spark: Any) -> None:
+    """`perago-runtime[spark]` installs pandas (below 3, which Spark 4 supports without a
+    warning) and pyarrow: `DataFrame.to_parquet`, `createDataFrame(pandas)` and `toPandas`
+    work and warn about nothing."""
+    import tomllib
+    import warnings
+
+    import pandas as pd
+    from packaging.requirements import Requirement
+
+    extra = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    spark_extra = {
+        Requirement(r).name: Requirement(r)
+        for r in extra["project"]["optional-dependencies"]["spark"]
+    }
+    assert "sql" in spark_extra["pyspark"].extras  # pandas, pyarrow, numpy
+    assert not spark_extra["pandas"].specifier.contains("3.0.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        frame = pd.DataFrame({"day": ["2026-10-01", "2026-10-02"], "orders": [3, 4]})
+        frame.to_parquet(tmp_path / "days.parquet")
+        back = spark.createDataFrame(pd.read_parquet(tmp_path / "days.parquet")).toPandas()
+    assert back.to_dict("list") == {"day": ["2026-10-01", "2026-10-02"], "orders": [3, 4]}
