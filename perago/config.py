@@ -200,6 +200,13 @@ class Settings(BaseModel):
         "failed workflows too, for inspection; unset: removed after publishing, and by the "
         "janitor once the workflow failed or was terminated.",
     )
+    wap_sweep_interval: timedelta = Field(
+        default=timedelta(minutes=2),
+        description="How often, in seconds, a running worker removes the isolated branches "
+        "of write-audit-publish workflows that ended in any state (failed audit, timed out, "
+        "terminated), as the janitor would (`PERAGO_WAP_KEEP_BRANCH` keeps them); 0: only "
+        "at start and by `perago janitor`.",
+    )
     janitor_on_start: bool = Field(
         default=True,
         description="Run one janitor pass when a worker starts (staging branches of dead "
@@ -271,6 +278,7 @@ class Settings(BaseModel):
         "http_timeout",
         "lease_ttl",
         "extension_interval",
+        "wap_sweep_interval",
         mode="before",
     )
     @classmethod

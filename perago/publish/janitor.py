@@ -67,6 +67,21 @@ def _verdict(task: TaskSnapshot | None, poll: int, older_than: timedelta, now: f
     return None
 
 
+def sweep_wap(
+    store: VersionStore,
+    ledger: WorkflowLedger,
+    *,
+    repositories: Iterable[str],
+    cluster_id: str = "",
+    keep_wap: bool = False,
+) -> JanitorReport:
+    """Only the isolated branches of write-audit-publish workflows that ended, in any state
+    (the worker's periodic pass, ``PERAGO_WAP_SWEEP_INTERVAL``)."""
+    report = JanitorReport()
+    _sweep_wap(store, ledger, repositories, cluster_id, None, keep_wap, False, report)
+    return report
+
+
 def sweep(
     store: VersionStore,
     ledger: AttemptLedger,

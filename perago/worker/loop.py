@@ -134,8 +134,7 @@ class Worker:
         # Before polling: deliveries a killed process of this worker left IN_PROGRESS are
         # failed now, so Conductor retries them without waiting out the response timeout.
         recover(self._records, self._orchestrator)
-        if self._settings.janitor_on_start:
-            threading.Thread(target=self._janitor_pass, daemon=True, name="perago-janitor").start()
+        threading.Thread(target=self._janitor_loop, daemon=True, name="perago-janitor").start()
         try:
             self._poll_loop()
         finally:
@@ -165,6 +164,34 @@ class Worker:
         )
         server.start()
         return server
+
+    def _janitor_loop(self) -> None:
+        """The start-up janitor pass, then the write-audit-publish sweep every interval: an
+        isolated branch goes once its workflow ended, however it ended."""
+        if self._settings.janitor_on_start:
+            self._janitor_pass()
+        interval = self._settings.wap_sweep_interval.total_seconds()
+        while interval > 0 and not self._draining.wait(interval):
+            self._wap_sweep()
+
+    def _wap_sweep(self) -> None:
+        from perago.orchestrator import WorkflowLedger
+        from perago.publish.janitor import sweep_wap
+
+        if not isinstance(self._orchestrator, WorkflowLedger):
+            return
+        try:
+            report = sweep_wap(
+                self._store,
+                self._orchestrator,
+                repositories=self._store.list_repositories(),
+                cluster_id=self._settings.cluster_id,
+                keep_wap=self._settings.wap_keep_branch,
+            )
+            if report.removed:
+                log.info("wap_sweep_done", removed=len(report.removed))
+        except PeragoError as e:
+            log.warning("wap_sweep_failed", error=e.message)
 
     def _janitor_pass(self) -> None:
         """Staging branches of dead attempts, then leases whose holder died (watched first)."""

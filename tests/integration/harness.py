@@ -226,6 +226,7 @@ class WorkerProcess:
                 "PERAGO_POLL_INTERVAL": "0.1",
                 "PERAGO_LEASE_TTL": "4",
                 "PERAGO_JANITOR_ON_START": "false",
+                "PERAGO_WAP_SWEEP_INTERVAL": "0",
                 **env,
             },
             stdout=self._log,

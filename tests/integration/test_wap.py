@@ -109,6 +109,29 @@ def test_a_failing_audit_leaves_the_target_untouched_and_the_janitor_clears_up(
     assert _branches(store, repo) == []
 
 
+def test_a_running_worker_removes_the_isolated_branch_of_a_failed_workflow(
+    make_env: Callable[..., dict[str, str]],
+    conductor: Any,
+    store: Any,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """No manual janitor: the worker's periodic sweep (PERAGO_WAP_SWEEP_INTERVAL) removes the
+    isolated branch once its workflow failed its audit."""
+    env = {**_env(make_env), "PERAGO_WAP_SWEEP_INTERVAL": "1"}
+    wap_workflow(conductor, f"wap_sweep_{unique}", unique, audit={"a.txt": "wrong"})
+    base = store.branch_head(repo, "main")
+    with worker(env, tmp_path / "w.log", extra_args=[WAP]) as w:
+        wid = start(conductor, f"wap_sweep_{unique}", repo, sleep=0)
+        wf = wait_workflow(conductor, wid)
+        assert wf["status"] == "FAILED"
+        removed = w.wait_for("janitor_removed", wap_branch=wap_branch_name(wid), timeout=30)
+    assert removed["reason"] == "workflow FAILED"
+    assert _branches(store, repo) == []
+    assert store.branch_head(repo, "main") == base
+
+
 def test_a_target_that_moved_meanwhile_fails_closed_and_a_lost_answer_publishes_once(
     make_env: Callable[..., dict[str, str]],
     conductor: Any,
