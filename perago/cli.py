@@ -311,6 +311,14 @@ def run(
             fg=typer.colors.RED,
             err=True,
         )
+        if wf.failed_task_id:
+            typer.echo(
+                "the failed attempt's traceback: Conductor's task log (UI: the task's Logs "
+                f"tab; API: GET {settings.conductor_server_url.rstrip('/')}/tasks/"
+                f"{wf.failed_task_id}/log) and the worker's log (event attempt_failed, field "
+                "traceback)",
+                err=True,
+            )
         raise typer.Exit(_EXIT_BY_STATUS.get(wf.status, EXIT_FAILED))
     typer.secho(f"workflow {workflow} ({workflow_id}) COMPLETED", err=True)
     typer.echo(json.dumps(wf.output, indent=2))

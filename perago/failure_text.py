@@ -8,9 +8,12 @@ root cause; this module extracts those, and caps whatever it cannot parse.
 
 from __future__ import annotations
 
+import sysconfig
 import traceback
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["MAX_LINES", "bounded_traceback", "describe"]
+__all__ = ["MAX_LINES", "UserTraceback", "bounded_traceback", "describe", "user_traceback"]
 
 #: At most this many lines of any stack trace go to the log.
 MAX_LINES = 40
@@ -68,3 +71,84 @@ def bounded_traceback(e: BaseException) -> str:
     return "\n".join(
         [*lines[:keep], f"... {len(lines) - 2 * keep} lines left out ...", *lines[-keep:]]
     )
+
+
+def _package_dir(name: str) -> str | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return str(Path(next(iter(spec.submodule_search_locations))).resolve())
+
+
+#: Code whose frames a person debugging a task body does not need: folded, counted.
+_FOLDED = {
+    name: folder
+    for name, folder in (
+        ("perago", _package_dir("perago")),
+        ("pyspark", _package_dir("pyspark")),
+        ("py4j", _package_dir("py4j")),
+        ("python", str(Path(sysconfig.get_paths()["stdlib"]).resolve())),
+    )
+    if folder
+}
+
+
+def _folded_by(filename: str) -> str | None:
+    try:
+        path = str(Path(filename).resolve())
+    except OSError:
+        return None
+    for name, folder in _FOLDED.items():
+        if path.startswith(folder + "/"):
+            if name == "python" and "site-packages" in path:
+                continue
+            return name
+    return None
+
+
+@dataclass(frozen=True)
+class UserTraceback:
+    """A failure's traceback as a task author needs it: their frames, the rest folded."""
+
+    text: str
+    #: ``file:line`` of the innermost frame of the author's code ("" if none).
+    location: str
+
+
+def user_traceback(e: BaseException) -> UserTraceback:
+    """The traceback of ``e`` trimmed to the task author's frames: runs of Perago, PySpark,
+    py4j and standard-library frames are folded into one line each; the error itself is
+    :func:`describe`'s text (for a Java error its class, message and root cause). Frames show
+    code lines only, never variable values."""
+    frames = traceback.extract_tb(e.__traceback__)
+    lines = ["Traceback (most recent call last):"]
+    folded: list[str] = []
+    location = ""
+
+    def flush() -> None:
+        if folded:
+            kinds = ", ".join(dict.fromkeys(folded))
+            lines.append(f"  [{len(folded)} frame(s) of {kinds} folded]")
+            folded.clear()
+
+    for frame in frames:
+        owner = _folded_by(frame.filename)
+        if owner is not None:
+            folded.append(owner)
+            continue
+        flush()
+        lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')
+        if frame.line:
+            lines.append(f"    {frame.line.strip()}")
+        location = f"{frame.filename}:{frame.lineno}"
+    flush()
+    lines.append(describe(e))
+    if len(lines) > MAX_LINES:
+        keep = MAX_LINES // 2
+        lines = [*lines[:keep], f"... {len(lines) - 2 * keep} lines left out ...", *lines[-keep:]]
+    return UserTraceback("\n".join(lines), location)

@@ -108,6 +108,8 @@ NON_WORKER_TYPES = frozenset(
     }
 )
 
+#: How much of a failure's traceback goes into the task's execution log.
+_MAX_LOG = 16_000
 #: Conductor keeps at most this much of a failure reason.
 _MAX_REASON = 2000
 
@@ -121,6 +123,8 @@ class WorkflowRun:
     output: dict[str, Any]
     steps: tuple[str, ...]  # "<task ref>:<status>", in order
     failure: str  # the last failed step and its reason, or the workflow's reason
+    #: The task id of that failed step ("" if none): its execution log has the traceback.
+    failed_task_id: str = ""
 
     @property
     def ended(self) -> bool:
@@ -139,6 +143,14 @@ class WorkflowRun:
             output=dict(wf.get("output") or {}),
             steps=tuple(f"{t.get('referenceTaskName')}:{t.get('status')}" for t in tasks),
             failure=_failure(wf, tasks),
+            failed_task_id=next(
+                (
+                    str(t.get("taskId", ""))
+                    for t in reversed(tasks)
+                    if t.get("status") not in ("COMPLETED", "IN_PROGRESS", "SCHEDULED")
+                ),
+                "",
+            ),
         )
 
 
@@ -271,6 +283,16 @@ def _update_body(task: TaskSnapshot, worker_id: str, outcome: Outcome) -> dict[s
     }
     if outcome.reason:
         body["reasonForIncompletion"] = outcome.reason[:_MAX_REASON]
+    if outcome.details:
+        # Conductor keeps these as the task's execution log (its UI's "Logs" tab, and
+        # GET /api/tasks/{taskId}/log), in the same update as the status.
+        body["logs"] = [
+            {
+                "log": outcome.details[:_MAX_LOG],
+                "taskId": task.task_id,
+                "createdTime": int(time.time() * 1000),
+            }
+        ]
     return body
 
 
@@ -461,6 +483,13 @@ class ConductorClient:
             endpoint="update_task",
             what=f"update task {task.task_id}",
         )
+
+    def task_logs(self, task_id: str) -> list[str]:
+        """The task's execution log lines (a failed attempt's traceback is one of them)."""
+        logs = self._call(
+            "GET", f"/tasks/{task_id}/log", endpoint="task_logs", what=f"read the log of {task_id}"
+        )
+        return [str(entry.get("log", "")) for entry in logs or []]
 
     def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
         """Conductor's ``extendLease`` update: resets the task's response timeout."""

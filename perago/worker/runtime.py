@@ -30,7 +30,7 @@ from perago.errors import (
     TaskError,
     WorkerShutdown,
 )
-from perago.failure_text import describe
+from perago.failure_text import UserTraceback, describe, user_traceback
 from perago.inputs import Inputs, ResolvedInput
 from perago.lakefs_names import wap_branch_name
 from perago.lineage import ParentSteps, step_lineage
@@ -103,9 +103,13 @@ def _validation_summary(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def outcome_of(e: BaseException, *, where: str, advice: str = "") -> Outcome:
+def outcome_of(
+    e: BaseException, *, where: str, advice: str = "", trace: UserTraceback | None = None
+) -> Outcome:
     """The outcome an attempt that raised ``e`` at step ``where`` reports: the one place an
-    exception becomes FAILED or FAILED_WITH_TERMINAL_ERROR (docs/protocol.md, failure matrix)."""
+    exception becomes FAILED or FAILED_WITH_TERMINAL_ERROR (docs/protocol.md, failure matrix).
+    ``trace`` (the task author's frames) adds the failing line to the reason and the whole
+    trimmed traceback to the outcome's details."""
     if isinstance(e, WorkerShutdown):
         return SHUTDOWN
     if isinstance(e, LeaseLostError):
@@ -117,7 +121,15 @@ def outcome_of(e: BaseException, *, where: str, advice: str = "") -> Outcome:
         what = e.message
     else:
         what = describe(e)
-    return Outcome(status, reason=f"{where}: {what}" + (f"; {advice}" if advice else ""))
+    at = f" (at {trace.location})" if trace is not None and trace.location else ""
+    reason = f"{where}: {what}{at}" + (f"; {advice}" if advice else "")
+    return Outcome(status, reason=reason, details=trace.text if trace is not None else "")
+
+
+def _authors_traceback(e: BaseException) -> UserTraceback | None:
+    """``e``'s traceback if it passed through the task author's code, else None."""
+    trace = user_traceback(e)
+    return trace if trace.location else None
 
 
 def hopeless(e: Exception, *, pinned: bool) -> Exception:
@@ -304,23 +316,30 @@ class AttemptRunner:
             log.warning("lease_lost", step=attempt.step, reason=str(e))
             return Finished(outcome_of(e, where=attempt.step))
         except TaskError as e:
+            trace = _authors_traceback(e)
             log.warning(
-                "task_error", step=attempt.step, reason=e.message, non_retryable=e.non_retryable
+                "task_error",
+                step=attempt.step,
+                reason=e.message,
+                non_retryable=e.non_retryable,
+                traceback=trace.text if trace else None,
             )
-            return Finished(outcome_of(e, where=attempt.step))
+            return Finished(outcome_of(e, where=attempt.step, trace=trace))
         except Exception as caught:  # noqa: BLE001 - any failure of user code or I/O fails it
             failure = hopeless(caught, pinned=attempt.pinned)
             if isinstance(failure, AttemptFenceError):
                 metrics.FENCE_REJECTIONS.labels("attempt").inc()
             elif isinstance(failure, PublishFenceError):
                 metrics.FENCE_REJECTIONS.labels("publish").inc()
+            trace = _authors_traceback(caught)
             log.warning(
                 "attempt_failed",
                 step=attempt.step,
                 error=describe(caught),
                 terminal=failure is not caught,
+                traceback=trace.text if trace else None,
             )
-            return Finished(outcome_of(failure, where=attempt.step))
+            return Finished(outcome_of(failure, where=attempt.step, trace=trace))
 
     def _run_system(self, attempt: RunningAttempt) -> Finished:
         """The write-audit-publish tasks (``perago.wap``): branch work, no body."""

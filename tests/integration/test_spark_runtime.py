@@ -29,6 +29,8 @@ from .harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 MODULE = "tests.integration.taskmods.spark_tasks"
+#: The log of the module's shared Spark worker, by its task names' suffix.
+WORKER_LOGS: dict[str, Path] = {}
 
 
 @pytest.fixture
@@ -64,6 +66,7 @@ def spark_worker(
         "PERAGO_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2"}',
     }
     register_tasks(env, MODULE)
+    WORKER_LOGS[suffix] = tmp / "w.log"
     with worker(env, tmp / "w.log", module=MODULE):
         yield suffix
 
@@ -127,6 +130,54 @@ def test_failed_spark_job_publishes_nothing(
     assert store.branch_head(repo, "main") == seeded
     assert publications(store, repo) == []
     assert staging_branches(store, repo) == []
+
+
+def test_a_name_error_in_a_spark_body_shows_file_and_line_where_people_look(
+    spark_worker: str,
+    stack_env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    seeded: str,
+) -> None:
+    """`perago run --wait`, the worker's log and Conductor's task log all show where the
+    body failed (file:line); the traceback is the author's frames, Perago's folded."""
+    import json
+    import re
+
+    from tests.integration.taskmods import spark_tasks
+
+    from .harness import perago_cli
+
+    source = Path(spark_tasks.__file__).read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "parms.fail" in text)
+    where = f"{spark_tasks.__file__}:{line}"
+    task_type = f"ps_local_{spark_worker}"
+    name = f"{task_type}_{unique}_typo"
+    step = simple_task(task_type, "step", "${workflow.input.workspace}", {"typo": True})
+    put_workflow(conductor, name, [step])
+    workspace = json.dumps({"workspace": {"repository": repo, "branch": "main"}})
+    done = perago_cli(["run", name, "--wait", "--input", workspace], stack_env, timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert f"NameError: name 'parms' is not defined (at {where})" in done.stderr
+    wid = re.search(r"started workflow \S+ \((\S+)\)", done.stderr).group(1)  # type: ignore[union-attr]
+    failed = attempts(conductor.get_workflow(wid), "step")
+    assert f"/tasks/{failed[-1]['taskId']}/log" in done.stderr  # where the rest is
+    # Conductor's task log: the trimmed traceback, the author's frame, Perago's folded
+    logged = "\n".join(conductor.task_logs(failed[0]["taskId"]))
+    assert f'File "{spark_tasks.__file__}", line {line}, in local_projection' in logged
+    assert "frame(s) of perago" in logged and "NameError" in logged
+    assert "/perago/worker/runtime.py" not in logged
+    # the worker's log: one attempt_failed event carrying the same traceback
+    events = [
+        json.loads(x) for x in WORKER_LOGS[spark_worker].read_text().splitlines() if x[:1] == "{"
+    ]
+    failures = [
+        e for e in events if e.get("event") == "attempt_failed" and e.get("workflow_id") == wid
+    ]
+    assert failures and all(where.split(":")[0] in e["traceback"] for e in failures)
+    assert store.branch_head(repo, "main") == seeded
 
 
 def _java_children(pid: int) -> list[int]:

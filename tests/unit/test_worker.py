@@ -788,7 +788,8 @@ def test_a_failed_poll_backs_off_and_polls_again(
     """Each failed poll in a row doubles the wait before the next (1, 2, 4 s), and the first
     poll that answers resets it."""
     stub.fail("poll", times=3)
-    worker = Worker(TASKS, settings=settings(tmp_path), store=store, orchestrator=stub)
+    quiet = settings(tmp_path, wap_sweep_interval=timedelta(0))  # its waits are not polls
+    worker = Worker(TASKS, settings=quiet, store=store, orchestrator=stub)
     waits = worker._draining = _FastWaits()
     thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
     with structlog.testing.capture_logs() as logs:

@@ -17,6 +17,7 @@ OPTS: dict[str, Any] = {"retry_count": 1, "response_timeout": timedelta(seconds=
 
 class SparkParams(BaseModel):
     fail: bool = False
+    typo: bool = False  # a NameError in the body, after a Spark job ran
 
 
 class SparkResult(BaseModel):
@@ -37,6 +38,8 @@ def local_projection(workspace: Path, params: SparkParams, spark: Any) -> SparkR
 
         df = df.select(assert_true(col("n") < 0, "n must be negative (failing on purpose)"))
     rows = df.count()
+    if params.typo:
+        rows = len(parms.fail)  # type: ignore[name-defined]  # noqa: F821 - on purpose
     df.write.mode("overwrite").parquet(str(workspace / "out"))
     _tidy(workspace)
     return SparkResult(rows=rows)
