@@ -31,6 +31,9 @@ MECHANISMS: dict[str, str] = {
     "tag": "a replaced head is not tagged before the hard reset",
     "read-set": "a serializable step does not check, under the lease, that the folders it "
     "read are unchanged at the head it publishes over",
+    "fresh-reads": "an unpinned attempt reads its inputs at its input ref, not at the head it "
+    "starts from (the code before Fix F7): a retry whose input ref is an earlier attempt's "
+    "reads the old input again",
 }
 
 FOREIGN_MODES = ("off", "outside-reset")
@@ -70,7 +73,8 @@ class FanoutConfig:
     crashes: bool = False
     drops: frozenset[str] = field(default_factory=frozenset)
     #: Named read-only inputs from the target branch: (step, folder) pairs. A step reads the
-    #: folder at its attempt's input ref; the folder is disjoint from its own scope.
+    #: folder at the pinned ref, or unpinned at the head its attempt starts from; the folder
+    #: is disjoint from its own scope.
     reads: tuple[tuple[str, str], ...] = ()
     #: Isolation of those reads: ``snapshot`` (the publish fence guards the output scope
     #: only) or ``serializable`` (the read-set check at publish time).

@@ -14,9 +14,13 @@ F5  every commit that was ever the head stays reachable (branch or tag);
 F6  fail closed: a COMPLETED output holds of its step only the completing attempt's data
     (or none) and no foreign data its input ref did not hold: it never published over a
     foreign commit;
-R1  serializable reads: a step with serializable inputs publishes (its merge lands, or its
-    no-op completes) only where every folder it read holds what it read at its input ref:
-    at the merge's first parent, at the head of the no-op decision (checked on the step);
+R1  serializable reads: a step with serializable inputs publishes (its merge lands, its
+    hard reset moves the branch, or its no-op completes) only where every folder it read
+    holds what it held at the commit it was read at: at the merge's first parent, at the
+    commit reset to, at the head of the no-op decision (checked on the step);
+R2  a retryable refusal can be retried: when an unpinned serializable attempt fails at a
+    read-set check point over a changed folder, a retry starting on that head would read
+    the folder as the head holds it (else every retry is refused again: F7; on the step);
 I2a only an attempt current in Conductor at its last fence moves the branch;
 I2b an attempt moves the branch only while it holds the lease it takes.
 """
@@ -25,9 +29,9 @@ from __future__ import annotations
 
 from model.fanout import reads
 from model.fanout.config import FanoutConfig, overlaps
-from model.fanout.state import COMPLETED, State, attempt_name, ref_name, step_of
+from model.fanout.state import COMPLETED, FAILED, State, attempt_name, ref_name, step_of
 from model.fanout.tree import FOREIGN, FOREIGN_DATA, NO_REF, ROOT, first_parent_history, reachable
-from model.fanout.worker import Transition
+from model.fanout.worker import READ_SET_PCS, Transition, start_refs
 
 __all__ = ["INVARIANTS", "check_state", "check_transition"]
 
@@ -39,6 +43,7 @@ INVARIANTS = {
     "F5": "nothing that was on the branch becomes unreachable (branch or tag)",
     "F6": "fail closed: a COMPLETED output holds only its own step data, no foreign data",
     "R1": "a serializable step publishes only over the folder content it read",
+    "R2": "a serializable step refused for a changed input can pass on a retry (reads anew)",
     "I2a": "only an attempt current in Conductor at its last fence moves the branch",
     "I2b": "an attempt moves the branch only while it holds its lease",
 }
@@ -117,23 +122,50 @@ def check_state(cfg: FanoutConfig, s: State) -> tuple[str, str] | None:
 def _published_over_changed_reads(
     cfg: FanoutConfig, before: State, tr: Transition
 ) -> tuple[str, str] | None:
-    """R1 on a serializable step's merge (it lands on ``before.head``) or no-op completion
-    (decided on ``before.head``). A hard reset lands on the input ref itself."""
+    """R1 on a serializable step's merge (it lands on ``before.head``), no-op completion
+    (decided on ``before.head``) or hard reset (to ``after.head``: its staged commit, or
+    its input ref for a no-op), against the commit the attempt read its inputs at."""
     actor, _, after, moved = tr
     a, step = before.attempts[actor], step_of(cfg, actor)[0]
     assert a is not None
     if not cfg.checks_reads(step):
         return None
     done = after.attempts[actor]
-    merged = moved and a.pc == "merge"
     noop = a.pc == "noop_decide" and done is not None and done.status == COMPLETED
-    changed = reads.changed_read(cfg, before, step, a.input_ref, before.head)
-    if not (merged or noop) or changed is None:
+    how = {"merge": "its merge lands on", "reset": "its hard reset lands on"}.get(a.pc)
+    how = "it completes as a no-op on" if noop else how if moved else None
+    if how is None:
         return None
-    how = "its merge lands on" if merged else "it completes as a no-op on"
+    on = after if a.pc == "reset" else before
+    changed = reads.changed_read(cfg, on, step, a.read_at, on.head)
+    if changed is None:
+        return None
     return "R1", (
-        f"{attempt_name(cfg, actor)} read {changed[0]} at {ref_name(cfg, a.input_ref)}, but "
-        f"{how} {ref_name(cfg, before.head)}, where {ref_name(cfg, changed[1])} changed it"
+        f"{attempt_name(cfg, actor)} read {changed[0]} at {ref_name(cfg, a.read_at)}, but "
+        f"{how} {ref_name(cfg, on.head)}, where {ref_name(cfg, changed[1])} changed it"
+    )
+
+
+def _refused_for_good(cfg: FanoutConfig, before: State, tr: Transition) -> tuple[str, str] | None:
+    """R2 on an unpinned serializable attempt failing (retryable) where it checks its reads,
+    over a folder changed since it read it: the next retry, starting on this head, must read
+    that folder as the head holds it."""
+    actor, _, after, _ = tr
+    a, done = before.attempts[actor], after.attempts[actor]
+    (step, retry), head = step_of(cfg, actor), before.head
+    assert a is not None and done is not None
+    if before.pinned or not cfg.checks_reads(step) or a.pc not in READ_SET_PCS:
+        return None
+    if done.status != FAILED or reads.changed_read(cfg, before, step, a.read_at, head) is None:
+        return None
+    read_at = start_refs(cfg, before, step, retry + 1)[1]
+    changed = reads.changed_read(cfg, before, step, read_at, head)
+    if changed is None:
+        return None
+    return "R2", (
+        f"{attempt_name(cfg, actor)} is refused ({changed[0]} changed by "
+        f"{ref_name(cfg, changed[1])}), retryable, but a retry starting on the head "
+        f"{ref_name(cfg, head)} would read {changed[0]} at {ref_name(cfg, read_at)} again"
     )
 
 
@@ -142,7 +174,7 @@ def check_transition(cfg: FanoutConfig, before: State, tr: Transition) -> tuple[
     if actor < 0:
         return None
     if cfg.reads:
-        bad = _published_over_changed_reads(cfg, before, tr)
+        bad = _published_over_changed_reads(cfg, before, tr) or _refused_for_good(cfg, before, tr)
         if bad is not None:
             return bad
     if not moved:

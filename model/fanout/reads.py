@@ -1,11 +1,13 @@
 """Named read-only inputs (issue 25): what a step reads of the target branch, and the read-set
 check of serializable isolation.
 
-A step reads a folder at its attempt's input ref. A folder's content in a tree is its data
-files: one per attempt of a step whose scope overlaps the folder. The foreign writer's file
-lies outside every read folder: a foreign commit after the input ref is refused by the
-publish fence anyway, and one landing between fence and merge is the expected-head hook's
-case, reads or not (without the hook nothing can stop it: lakeFS has no compare-and-swap).
+A step reads a folder at the commit its attempt read its inputs at (``Attempt.read_at``: the
+pinned ref, or the head an unpinned attempt started from). A folder's content in a tree is
+its data files: one per attempt of a step whose scope overlaps the folder. The foreign
+writer's file lies outside every read folder: a foreign commit after the input ref is
+refused by the publish fence anyway, and one landing between fence and merge is the
+expected-head hook's case, reads or not (without the hook nothing can stop it: lakeFS has
+no compare-and-swap).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def format_result(result: Result, *, traces: bool = True, baseline: Result | Non
     known = {v.invariant for v in baseline.violations} if baseline else set()
     found = {v.invariant: v for v in result.violations}
     for inv, text in {**INVARIANTS, "deadlock": "no deadlock other than all-terminal"}.items():
-        if inv == "R1" and not any(cfg.checks_reads(i) for i in range(len(cfg.steps))):
+        if inv in ("R1", "R2") and not any(cfg.checks_reads(i) for i in range(len(cfg.steps))):
             continue
         v = found.get(inv)
         verdict = "holds" if v is None else f"VIOLATED ({len(v.steps)} steps)"

@@ -61,8 +61,11 @@ class Attempt(NamedTuple):
     leased: bool = False
     status: str = ""
     ref: int = NO_REF
-    #: Where its staging branch starts and its inputs are read (pinned: r0).
+    #: Where its staging branch starts (pinned: r0).
     input_ref: int = ROOT
+    #: Where it read its inputs: the pinned ref r0, or the head it started from (unpinned;
+    #: r0 for a step that reads nothing).
+    read_at: int = ROOT
 
 
 class State(NamedTuple):

@@ -10,10 +10,11 @@ always takes the lease (guarded-report), merges are guarded writes, a lost merge
 looked up in the history and gets the post-publish check but no lease re-check. The hook's
 re-fence is not bounded to 4 tries (the head moves finitely often in the model anyway).
 
-Named inputs (issue 25): an unpinned attempt first reads the head (``start``), which fixes
-its input ref, where it stages and reads its input folders. A serializable step runs the
-read-set check wherever it has just read the head it would publish over: the publish
-fence, the no-op decision and the hook's re-fence (``model.fanout.reads``).
+Named inputs (issue 25): an unpinned attempt first reads the head (``start``): it reads its
+input folders there, and its input ref, where it stages, is that head or an earlier
+attempt's input ref (``start_refs``). A serializable step runs the read-set check wherever
+it has just read the head it would publish over: the publish fence, the no-op decision and
+the hook's re-fence (``model.fanout.reads``).
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ from model.fanout.tree import (
     tree_of,
 )
 
-__all__ = ["RESET_WINDOW", "Transition", "decide", "steps"]
+__all__ = ["READ_SET_PCS", "RESET_WINDOW", "Transition", "decide", "start_refs", "steps"]
 
 Transition = tuple[int, str, State, bool]
 
 RESET_WINDOW = frozenset({"tag", "refresh", "reset"})
+#: Where a serializable attempt runs the read-set check on the head it just read.
+READ_SET_PCS = frozenset({"publish_fence", "noop_decide", "refence"})
 REPORTED = "REPORTED"
 FIRST, BESIDE, REPLACE, SCOPED, LANDED, REFUSE = (
     "first publication",
@@ -123,42 +126,58 @@ def _who(cfg: FanoutConfig, s: State, head: int) -> str:
     return ref_name(cfg, head)
 
 
-def _start(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    """``unpinned_input_ref``: the head; for a retry, the input ref of an earlier attempt of
-    the step published on the head's first-parent history, so that it replaces that
-    publication instead of stacking a second one on it."""
-    input_ref, how = s.head, f"no ref: the head {ref_name(cfg, s.head)} is its input ref"
-    if step_of(cfg, slot)[1] > 0:
+def start_refs(cfg: FanoutConfig, s: State, step: int, retry: int) -> tuple[int, int, int]:
+    """``_pre_guardrails`` for retry ``retry`` of step number ``step``, unpinned, starting
+    on the head: (its input ref, where it reads its inputs, the publication the input ref
+    came from or NO_REF). ``unpinned_input_ref``: the head; for a retry, the input ref of
+    an earlier attempt of the step published on the head's first-parent history, so that it
+    replaces that publication instead of stacking a second one on it. It reads its inputs
+    at the head (Fix F7), at its input ref with ``fresh-reads`` dropped."""
+    input_ref, came_from = s.head, NO_REF
+    if retry > 0:
         for ref in first_parent_history(s.commits, s.head):
             commit = s.commits[ref]
             assert commit is not None
-            if commit.owner != NO_REF and _earlier(cfg, commit.owner, slot):
-                input_ref = commit.input_ref
-                how = (
-                    f"no ref: {ref_name(cfg, ref)} is an earlier attempt's, its input ref "
-                    f"{ref_name(cfg, input_ref)} is this one's"
-                )
+            if commit.owner == NO_REF:
+                continue
+            owner_step, owner_retry = step_of(cfg, commit.owner)
+            if owner_step == step and owner_retry < retry:
+                input_ref, came_from = commit.input_ref, ref
                 break
-    folders = cfg.reads_of(step_of(cfg, slot)[0])
+    return input_ref, s.head if cfg.has("fresh-reads") else input_ref, came_from
+
+
+def _start(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    step, retry = step_of(cfg, slot)
+    input_ref, read_at, came_from = start_refs(cfg, s, step, retry)
+    how = f"no ref: the head {ref_name(cfg, s.head)} is its input ref"
+    if came_from != NO_REF:
+        how = (
+            f"no ref: {ref_name(cfg, came_from)} is an earlier attempt's, its input ref "
+            f"{ref_name(cfg, input_ref)} is this one's"
+        )
+    folders = cfg.reads_of(step)
     if folders:
-        how += f"; reads {', '.join(folders)} there"
-    return [(slot, how, _put(s, slot, a._replace(pc="fence1", input_ref=input_ref)), False)]
+        where = "there" if read_at == input_ref else f"at the head {ref_name(cfg, read_at)}"
+        how += f"; reads {', '.join(folders)} {where}"
+    nxt = a._replace(pc="fence1", input_ref=input_ref, read_at=read_at if folders else ROOT)
+    return [(slot, how, _put(s, slot, nxt), False)]
 
 
 def _read_set(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> Transition | None:
     """Serializable isolation, under the lease, on the head just read: refuse if a folder the
-    attempt read changed since its input ref. Terminal when pinned (every retry would read
-    the same commit), else retryable (``hopeless``)."""
+    attempt read changed since the commit it read it at. Terminal when pinned (every retry
+    would read the same commit), else retryable (``hopeless``)."""
     step = step_of(cfg, slot)[0]
     if not cfg.checks_reads(step) or not cfg.has("read-set"):
         return None
-    changed = reads.changed_read(cfg, s, step, a.input_ref, s.head)
+    changed = reads.changed_read(cfg, s, step, a.read_at, s.head)
     if changed is None:
         return None
     folder, by = changed
     status = TERMINAL if s.pinned else FAILED
     label = (
-        f"read-set check: {folder} changed between {ref_name(cfg, a.input_ref)} and the head "
+        f"read-set check: {folder} changed between {ref_name(cfg, a.read_at)} and the head "
         f"{ref_name(cfg, s.head)} (by {ref_name(cfg, by)}): PublishFenceError, "
         + ("terminal (pinned input)" if s.pinned else "retryable")
     )

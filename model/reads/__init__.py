@@ -2,9 +2,10 @@
 
 ``python -m model.reads`` explores a fork whose step B (scope ``b/``) reads the folder
 ``a/`` that its sibling A publishes, B's reads snapshot or serializable, the inputs pinned
-to r0 or not (each attempt starts from the head). The protocol is the fan-out model's
-(``model.fanout``: the read-set check sits in its worker, the folder contents in
-``model.fanout.reads``); this package only names the configurations worth checking.
+to r0 or not (each attempt starts from the head, and reads its inputs there). The protocol
+is the fan-out model's (``model.fanout``: the read-set check sits in its worker, the folder
+contents in ``model.fanout.reads``); this package only names the configurations worth
+checking.
 """
 
 from __future__ import annotations

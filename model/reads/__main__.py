@@ -2,6 +2,8 @@
 
 Without options it runs ``model.reads.SUITE`` (every invariant holds: exit 0). ``--drop
 read-set`` removes the serializable check: R1 breaks (a shortest trace is printed).
+``--drop fresh-reads`` reads an unpinned attempt's inputs at its input ref, as before Fix
+F7: R2 breaks in the B-retried run (F7, a retry refused forever).
 ``--isolation``, ``--retried`` and the other options explore one configuration instead.
 """
 
