@@ -10,6 +10,8 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -35,6 +37,7 @@ from perago.inputs import Inputs, ResolvedInput
 from perago.lakefs_names import wap_branch_name
 from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
+from perago.parallel import run_parallel
 from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
 from perago.publish.joins import check_contains, unpinned_input_ref
@@ -56,6 +59,7 @@ from perago.workspace import (
     ContentCache,
     Diff,
     compute_diff,
+    local_path_for,
     materialize,
     only_renames,
 )
@@ -489,12 +493,29 @@ class AttemptRunner:
         renames_ok = spec.renames_are_noops
         if renames_ok is None:
             renames_ok = attempt.defn.wants_spark
-        if renames_ok and only_renames(manifest, diff, attempt_dir.workspace):
+        fetch_old = partial(self._fetch_old, target, prefix, attempt_dir.root / "before")
+        if renames_ok and only_renames(manifest, diff, attempt_dir.workspace, fetch_old=fetch_old):
             log.info("only_renamed_same_bytes", renamed=len(diff.added))
             diff = Diff()  # the published tree would differ by file names alone
         attempt.step = Phase.PUBLISH
         publication = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
         return self._completed(target, publication, checked)
+
+    def _fetch_old(
+        self, target: WorkspaceTarget, prefix: str, root: Path, paths: list[str]
+    ) -> Path:
+        """Download ``paths`` (relative to ``prefix``) at the input ref into ``root``: the
+        files a re-run deleted, to compare with what it wrote (``only_renames``)."""
+
+        def fetch(rel: str) -> None:
+            dest = local_path_for(root, rel)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with dest.open("wb") as sink:
+                self._store.download(target.repository, target.input_ref, prefix + rel, sink)
+
+        run_parallel(paths, fetch, parallelism=self._settings.transfer_parallelism)
+        log.info("fetched_for_comparison", files=len(paths))
+        return root
 
     def _run_in_place(self, attempt: RunningAttempt) -> Finished:
         """In place: the body reads the input ref and writes the staging branch over S3."""

@@ -18,11 +18,12 @@ import stat
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from perago.errors import UnsafePathError
+from perago.workspace.parquet import parquet_digest
 
 __all__ = [
     "Diff",
@@ -193,11 +194,24 @@ def scan(root: Path) -> Iterator[LocalFile]:
                     )
 
 
-def only_renames(manifest: Manifest, diff: Diff, root: Path) -> bool:
+def only_renames(
+    manifest: Manifest,
+    diff: Diff,
+    root: Path,
+    *,
+    fetch_old: Callable[[list[str]], Path] | None = None,
+) -> bool:
     """True if ``diff`` only swaps files for files with the same bytes in the same folder
     (same count, sizes and MD5 per folder): the published tree would differ by names alone,
     as when Spark rewrites identical output under new random part names. Hashes the added
-    files only when counts and sizes already match; a multipart checksum never matches."""
+    files only when counts and sizes already match; a multipart checksum never matches.
+
+    With ``fetch_old`` (which downloads the given deleted paths and returns the folder they
+    are in), Parquet files also count as the same when they are equal but for the order of
+    their footer's set-valued lists (``perago.workspace.parquet``): what another JVM writes
+    for the same rows. The old files are fetched only when counts and sizes match and the
+    MD5s do not, and used only if their MD5 is the one lakeFS recorded.
+    """
     if diff.changed or not diff.added or len(diff.added) != len(diff.deleted):
         return False
 
@@ -209,9 +223,29 @@ def only_renames(manifest: Manifest, diff: Diff, root: Path) -> bool:
     sizes_new = Counter((folder(p), (root / p).stat().st_size) for p in diff.added)
     if sizes_gone != sizes_new:
         return False
+    new_md5 = {p: file_md5(root / p) for p in diff.added}
     gone = Counter((folder(p), entries[p].size, entries[p].checksum) for p in diff.deleted)
-    new = Counter((folder(p), (root / p).stat().st_size, file_md5(root / p)) for p in diff.added)
-    return gone == new
+    new = Counter((folder(p), (root / p).stat().st_size, new_md5[p]) for p in diff.added)
+    if gone == new or fetch_old is None:
+        return gone == new
+    parquet = [p for p in diff.deleted if p.endswith(".parquet")]
+    if not parquet or not any(p.endswith(".parquet") for p in diff.added):
+        return False
+    old_root = fetch_old(parquet)
+
+    def old_key(p: str) -> str:
+        kept = old_root / p
+        if p in parquet and kept.is_file() and file_md5(kept) == entries[p].checksum:
+            return parquet_digest(kept) or f"md5:{entries[p].checksum}"
+        return f"md5:{entries[p].checksum}"
+
+    def new_key(p: str) -> str:
+        digest = parquet_digest(root / p) if p.endswith(".parquet") else None
+        return digest or f"md5:{new_md5[p]}"
+
+    gone_keys = Counter((folder(p), entries[p].size, old_key(p)) for p in diff.deleted)
+    new_keys = Counter((folder(p), (root / p).stat().st_size, new_key(p)) for p in diff.added)
+    return gone_keys == new_keys
 
 
 def compute_diff(manifest: Manifest, root: Path) -> Diff:

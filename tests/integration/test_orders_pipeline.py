@@ -88,6 +88,22 @@ def test_orders_pipeline_end_to_end(
     assert len(publications(store, repo)) == 2
     assert {e["task_type"] for e in renamed} == {"orders_clean", "orders_daily_revenue"}
 
+    # A third run after a restart: another worker, another JVM, whose Parquet footers list
+    # encodings in another order. Still nothing published (perago.workspace.parquet).
+    with worker(env, tmp_path / "w2.log", module="workers.orders.tasks") as fresh:
+        third = wait_workflow(
+            conductor,
+            conductor.start_workflow(
+                "orders_pipeline", {"workspace": {"repository": repo, "branch": "main"}}
+            ),
+            timeout=600,
+        )
+        renamed = [e for e in fresh.events() if e.get("event") == "only_renamed_same_bytes"]
+    assert third["status"] == "COMPLETED", third.get("reasonForIncompletion")
+    assert store.branch_head(repo, "main") == revenue_ref
+    assert len(publications(store, repo)) == 2  # commits per run: 2, 0, 0
+    assert {e["task_type"] for e in renamed} == {"orders_clean", "orders_daily_revenue"}
+
 
 @pytest.fixture
 def standalone_master(tmp_path: Path) -> Iterator[str]:

@@ -66,3 +66,54 @@ def test_a_real_change_beside_renames_is_a_change(tmp_path: Path) -> None:
     after = {"out/part-00000-b.parquet": b"rows 1", "out/part-00001-b.parquet": b"rows 2"}
     after["out/_meta.json"] = b'{"v": 2}'
     assert not _rerun(tmp_path, before, after)
+
+
+def test_parquet_from_another_jvm_is_a_noop_and_other_bytes_are_not(tmp_path: Path) -> None:
+    """A re-run on a restarted worker: the same rows, the footer's encodings in another
+    order (parquet-mr's hash order). Equal but for that order: a no-op, the old files fetched
+    to compare; one byte of row data different: published."""
+    from tests.unit.test_parquet_digest import _encodings_swapped, _write
+
+    original = _write(tmp_path / "table.parquet")
+    cases = {
+        "another JVM": (_encodings_swapped(original), True),
+        "other rows": (original.replace(b"2026-10-02", b"2026-10-03"), False),
+    }
+    for name, (rewritten, noop) in cases.items():
+        root = tmp_path / name.replace(" ", "-")
+        root.mkdir()
+        manifest = _materialized(root, {"out/part-00000-aaa.parquet": original})
+        (root / "out/part-00000-aaa.parquet").unlink()
+        (root / "out/part-00000-bbb.parquet").write_bytes(rewritten)
+        diff = compute_diff(manifest, root)
+        fetched: list[list[str]] = []
+
+        def fetch(paths: list[str], root: Path = root, fetched: list[list[str]] = fetched) -> Path:
+            fetched.append(paths)
+            old = root.parent / f"{root.name}-old"
+            (old / "out").mkdir(parents=True, exist_ok=True)
+            (old / "out/part-00000-aaa.parquet").write_bytes(original)
+            return old
+
+        assert only_renames(manifest, diff, root) is False, name  # by bytes alone: no
+        assert only_renames(manifest, diff, root, fetch_old=fetch) is noop, name
+        assert fetched == [["out/part-00000-aaa.parquet"]]
+
+
+def test_a_fetched_old_file_that_is_not_what_lakefs_recorded_is_not_trusted(
+    tmp_path: Path,
+) -> None:
+    from tests.unit.test_parquet_digest import _encodings_swapped, _write
+
+    original = _write(tmp_path / "table.parquet")
+    manifest = _materialized(tmp_path / "ws", {"out/p-aaa.parquet": original})
+    (tmp_path / "ws/out/p-aaa.parquet").unlink()
+    (tmp_path / "ws/out/p-bbb.parquet").write_bytes(_encodings_swapped(original))
+    diff = compute_diff(manifest, tmp_path / "ws")
+
+    def fetch_other_bytes(paths: list[str]) -> Path:
+        (tmp_path / "old/out").mkdir(parents=True)
+        (tmp_path / "old/out/p-aaa.parquet").write_bytes(_encodings_swapped(original))
+        return tmp_path / "old"
+
+    assert not only_renames(manifest, diff, tmp_path / "ws", fetch_old=fetch_other_bytes)
