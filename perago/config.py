@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from perago.errors import ConfigError
+from perago.policy import AccessPolicy, patterns
 
 __all__ = ["Settings", "load"]
 
@@ -200,6 +201,27 @@ class Settings(BaseModel):
         "failed workflows too, for inspection; unset: removed after publishing, and by the "
         "janitor once the workflow failed or was terminated.",
     )
+    allowed_targets: str = Field(
+        default="",
+        description="Where this worker's tasks may publish: comma-separated globs of "
+        "`repository/branch` (e.g. `analytics/main,analytics/dev-*`); unset: anywhere its "
+        "lakeFS credentials reach. Anything else fails the attempt before it reads anything "
+        "(terminal). Isolated write-audit-publish branches of an allowed repository count as "
+        "allowed.",
+    )
+    allowed_sources: str = Field(
+        default="",
+        description="What this worker's tasks may read (their workspace's branch or named "
+        "ref, and their named inputs): comma-separated globs of `repository/ref` (e.g. "
+        "`analytics/*,reference/v*`); unset: anything. A commit id is checked through the "
+        "branch it is read with.",
+    )
+    protected_branches: str = Field(
+        default="",
+        description="Branches no ordinary task may publish to: comma-separated globs of "
+        "`branch` or `repository/branch` (e.g. `main`); only `perago_wap_publish` lands "
+        "there, after its workflow's audit. Read-only tasks and inputs may read them.",
+    )
     wap_sweep_interval: timedelta = Field(
         default=timedelta(minutes=2),
         description="How often, in seconds, a running worker removes the isolated branches "
@@ -290,6 +312,14 @@ class Settings(BaseModel):
             except ValueError:
                 return value
         return value
+
+    def access_policy(self) -> AccessPolicy:
+        """The allowed targets and sources and the protected branches (perago.policy)."""
+        return AccessPolicy(
+            patterns(self.allowed_targets),
+            patterns(self.allowed_sources),
+            patterns(self.protected_branches),
+        )
 
     @field_validator("coord_backend")
     @classmethod

@@ -13,6 +13,7 @@ exception into an attempt's outcome.
     ├── TaskDefinitionError         a @task function has the wrong shape
     ├── RegistrationError           task or workflow definitions cannot be registered
     ├── GuardrailError              pre-guardrail: params or workspace input invalid (terminal)
+    │   └── PolicyError             the worker's settings forbid that source or target
     ├── TaskError                   raised by task authors; non_retryable is their choice
     ├── ResultValidationError       post-guardrail: the result does not validate
     ├── WorkspaceError              materialize or diff failed
@@ -60,6 +61,7 @@ __all__ = [
     "NotFoundError",
     "OrchestratorError",
     "PeragoError",
+    "PolicyError",
     "PredicateFailedError",
     "PublishFenceError",
     "RegistrationError",
@@ -110,6 +112,11 @@ class GuardrailError(PeragoError):
     """A pre-guardrail failed: the body never ran and a retry cannot help."""
 
     non_retryable = True
+
+
+class PolicyError(GuardrailError):
+    """The worker may not read from or publish to what the workflow named
+    (``PERAGO_ALLOWED_SOURCES``, ``PERAGO_ALLOWED_TARGETS``, ``PERAGO_PROTECTED_BRANCHES``)."""
 
 
 class TaskError(PeragoError):

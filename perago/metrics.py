@@ -29,6 +29,11 @@ _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 ATTEMPTS = Counter(
     "perago_attempts_total", "Attempts finished, by task and reported status.", ["task", "status"]
 )
+POLICY_REFUSALS = Counter(
+    "perago_policy_refusals_total",
+    "Attempts refused by the access policy before anything was read (target, source, protected).",
+    ["kind"],
+)
 FENCE_REJECTIONS = Counter(
     "perago_fence_rejections_total", "Attempts stopped by a fence.", ["kind"]
 )

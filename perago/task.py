@@ -85,6 +85,10 @@ class WorkspaceSpec:
     renames_are_noops: bool | None = None
     inputs: Mapping[str, str] = field(default_factory=dict, hash=False)
     isolation: Isolation = "snapshot"
+    #: Narrow the worker's PERAGO_ALLOWED_TARGETS / _SOURCES for this task (globs of
+    #: ``repository/branch`` and ``repository/ref``; empty: the worker's settings alone).
+    allowed_targets: tuple[str, ...] = ()
+    allowed_sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
@@ -106,6 +110,14 @@ class WorkspaceSpec:
                 "isolation"
             )
         object.__setattr__(self, "inputs", self._checked_inputs(self.inputs))
+        for name in ("allowed_targets", "allowed_sources"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(g, str) and g for g in value):
+                raise TaskDefinitionError(
+                    f"WorkspaceSpec {name} must be a tuple of globs such as "
+                    f'("analytics/main",), got {value!r}'
+                )
+            object.__setattr__(self, name, tuple(value))
 
     def _checked_inputs(self, inputs: object) -> dict[str, str]:
         if not isinstance(inputs, Mapping):

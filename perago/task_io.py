@@ -6,9 +6,10 @@ side documents them.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from perago.errors import GuardrailError
 from perago.task import TaskDefinition
@@ -25,6 +26,23 @@ __all__ = [
 ]
 
 _REPOSITORY = r"^[a-z0-9][a-z0-9-]{2,62}$"
+_BAD_REF = re.compile(r"[\s\x00-\x1f\x7f\\]|\.\.")
+
+
+def _check_ref(ref: str) -> str:
+    """A lakeFS ref as a workflow may name it: a branch, tag or commit id, optionally with
+    lakeFS's ``~N`` / ``^N`` modifiers."""
+    if _BAD_REF.search(ref):
+        raise ValueError(
+            "not a lakeFS ref: name a branch, tag or commit id (no whitespace, control "
+            "characters, backslashes or '..')"
+        )
+    return ref
+
+
+Ref = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_check_ref)]
+#: At most this much JSON in a task's params (Conductor keeps the task input in its store).
+MAX_PARAMS_BYTES = 1024 * 1024
 
 
 class WorkspaceInput(BaseModel):
@@ -33,9 +51,9 @@ class WorkspaceInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
     repository: str = Field(min_length=3, max_length=63, pattern=_REPOSITORY)
     branch: str = Field(min_length=1, max_length=256, pattern=r"^\w[-\w]*$")
-    ref: str | None = Field(default=None, min_length=1, max_length=256)
+    ref: Ref | None = None
     #: Join refs: start from the branch head, which must contain each of these commits.
-    after: list[str] | None = Field(default=None, max_length=1000)
+    after: list[Ref] | None = Field(default=None, max_length=1000)
 
 
 class InputSourceOverride(BaseModel):
@@ -46,7 +64,7 @@ class InputSourceOverride(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     repository: str | None = Field(default=None, min_length=3, max_length=63, pattern=_REPOSITORY)
-    ref: str | None = Field(default=None, min_length=1, max_length=256)
+    ref: Ref | None = None
 
 
 class InputOutput(BaseModel):

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from perago import metrics
 from perago.errors import GuardrailError, NotFoundError, WorkspaceError
 from perago.inputs import Inputs, ResolvedInput, unknown_override
+from perago.policy import AccessPolicy
 from perago.publish.identity import WorkspaceTarget
 from perago.store import VersionStore
 from perago.task import TaskDefinition
@@ -34,6 +35,7 @@ from perago.workspace import ContentCache, Manifest, compute_diff, materialize
 __all__ = [
     "LocalInputs",
     "OneDownloadAtATime",
+    "check_input_overrides",
     "local_inputs",
     "remote_inputs",
     "resolve_inputs",
@@ -74,6 +76,16 @@ def _overrides(
     return out
 
 
+def check_input_overrides(defn: TaskDefinition[Any, Any], raw: object) -> None:
+    """The task input's ``inputs``, checked before anything is read (``GuardrailError``)."""
+    if not defn.workspace.inputs:
+        if raw:
+            named = sorted(map(str, raw)) if isinstance(raw, dict) else [repr(raw)]
+            raise unknown_override(named, {}, defn.name)
+        return
+    _overrides(defn, raw, defn.workspace.inputs)
+
+
 def resolve_inputs(
     store: VersionStore,
     defn: TaskDefinition[Any, Any],
@@ -82,6 +94,7 @@ def resolve_inputs(
     params: Any,
     *,
     default_commit: str | None = None,
+    policy: AccessPolicy | None = None,
 ) -> tuple[ResolvedInput, ...]:
     """Every declared input, resolved to the commit this attempt reads it at: an input the
     workflow does not point elsewhere is read at ``default_commit`` (the target branch's
@@ -98,13 +111,26 @@ def resolve_inputs(
         source = overrides.get(name, InputSourceOverride())
         repository = source.repository or target.repository
         ref = source.ref or ""
-        if repository != target.repository and not store.repository_exists(repository):
+        other = repository != target.repository
+        if policy is not None and other and not ref:
+            # which ref it is needs a look at the repository: only if it may be read at all
+            policy.check_source(
+                repository, "*", what=f"input {name!r} of {defn.name}", any_ref=True
+            )
+        if other and not store.repository_exists(repository):
             raise GuardrailError(
                 f"input {name!r}: lakeFS repository {repository!r} does not exist; create it "
                 "or fix the workflow's inputs"
             )
-        if not ref and repository != target.repository:
+        if not ref and other:
             ref = store.default_branch(repository)
+        if policy is not None and ref:  # the default source is the workspace's, checked already
+            policy.check_source(
+                repository,
+                ref,
+                what=f"input {name!r} of {defn.name}",
+                narrowed=defn.workspace.allowed_sources,
+            )
         if ref:
             try:
                 commit = store.get_commit(repository, ref).id

@@ -7,6 +7,8 @@ the failure matrix of docs/protocol.md.
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -46,10 +48,11 @@ from perago.spark import spark_tag
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
-from perago.task_io import WorkspaceInput, check_param_keys
+from perago.task_io import MAX_PARAMS_BYTES, WorkspaceInput, check_param_keys
 from perago.worker.attempt import RunningAttempt
 from perago.worker.inputs import (
     OneDownloadAtATime,
+    check_input_overrides,
     local_inputs,
     remote_inputs,
     resolve_inputs,
@@ -73,6 +76,9 @@ __all__ = [
     "check_result",
     "outcome_of",
 ]
+
+#: A full lakeFS commit id (64 hex digits): checked through the branch it is read with.
+_COMMIT_ID = re.compile(r"^[0-9a-f]{64}$")
 
 #: Inputs a write-audit-publish publication records at most (commit metadata stays small).
 WAP_INPUTS_LIMIT = 200
@@ -182,6 +188,7 @@ class AttemptRunner:
             else None
         )
         self._input_downloads = OneDownloadAtATime()
+        self._policy = settings.access_policy()
         self._publisher = Publisher(
             store,
             ledger,
@@ -256,6 +263,13 @@ class AttemptRunner:
         except ValidationError as e:
             raise GuardrailError(f"invalid workspace input: {_validation_summary(e)}") from e
         raw_params = raw.get("params") or {}
+        size = len(json.dumps(raw_params, default=str))
+        if size > MAX_PARAMS_BYTES:
+            raise GuardrailError(
+                f"the params of {defn.name} are {size:,} bytes of JSON, more than "
+                f"{MAX_PARAMS_BYTES:,}: pass large data through lakeFS (an input or the "
+                "workspace), not through Conductor"
+            )
         if self._settings.params_extra == "forbid":
             check_param_keys(defn, raw_params)
         try:
@@ -265,6 +279,8 @@ class AttemptRunner:
                 f"invalid params for {defn.name}: {_validation_summary(e)}; fix the workflow's "
                 "task input"
             ) from e
+        check_input_overrides(defn, raw.get("inputs"))
+        self._check_policy(defn, ws, params)
         if not self._store.repository_exists(ws.repository):
             raise GuardrailError(
                 f"lakeFS repository {ws.repository!r} does not exist; create it or fix the "
@@ -301,10 +317,36 @@ class AttemptRunner:
         # reads its inputs afresh (else a serializable retry would be refused forever, F7).
         inputs_at = input_ref if ws.ref is not None else head
         reads = resolve_inputs(
-            self._store, defn, raw.get("inputs"), target, params, default_commit=inputs_at
+            self._store,
+            defn,
+            raw.get("inputs"),
+            target,
+            params,
+            default_commit=inputs_at,
+            policy=self._policy,
         )
         serializable = defn.workspace.isolation == "serializable"
         return replace(target, reads=reads, serializable=serializable), params
+
+    def _check_policy(
+        self, defn: TaskDefinition[Any, Any], ws: WorkspaceInput, params: Any
+    ) -> None:
+        """The worker's access policy (perago.policy), before anything is read."""
+        from perago import wap
+
+        spec, repo = defn.workspace, ws.repository
+        what = f"the workspace of {defn.name}"
+        self._policy.check_source(repo, ws.branch, what=what, narrowed=spec.allowed_sources)
+        if ws.ref is not None and not _COMMIT_ID.match(ws.ref):
+            self._policy.check_source(repo, ws.ref, what=what, narrowed=spec.allowed_sources)
+        if defn.system == wap.BEGIN:  # where the workflow will publish, through its audit
+            self._policy.check_target(repo, ws.branch, task=defn.name, audited=True)
+        elif defn.system == wap.PUBLISH:
+            self._policy.check_target(repo, params.target_branch, task=defn.name, audited=True)
+        elif not spec.read_only:
+            self._policy.check_target(
+                repo, ws.branch, task=defn.name, narrowed=spec.allowed_targets
+            )
 
     def _run_checked(self, attempt: RunningAttempt) -> Finished:
         try:
