@@ -55,8 +55,11 @@ log = structlog.get_logger("perago.publish")
 #: How far back the publish fence follows a head's first-parent chain to the input ref: a
 #: fan-out whose siblings published more often than this since its input ref fails closed.
 HISTORY_LIMIT = 500
-#: Merges tried when the expected-head hook refuses because fan-out siblings moved the head.
+#: Merges tried when the expected-head hook refuses because fan-out siblings moved the head,
+#: or lakeFS answers 429 (its own branch-update retries ran out under contention).
 MERGE_TRIES = 4
+#: The first wait after a 429, doubled for each further one (0.25, 0.5, 1 s).
+THROTTLE_BACKOFF_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -415,6 +418,21 @@ class Publisher:
                     raise PublishFenceError(f"{error.message}; then: {fence.message}") from e
                 if decision is not HeadDecision.BESIDE:
                     raise error from e
+                check_reads(self._store, target, head, history)
+                log.info("publish_fence_passed", decision=decision.value, head=head.id, again=True)
+            except StoreError as e:
+                # 429: lakeFS ran out of its own retries of the branch update (writers
+                # contending for the branch). Still under the lease: wait, fence again, merge.
+                if e.status != 429 or attempt == MERGE_TRIES:
+                    raise
+                log.warning("merge_throttled", attempt=attempt, error=e.message)
+                time.sleep(THROTTLE_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                head, history = self._read_head(target)
+                decision = decide_publication(head, target.input_ref, me, history)
+                if decision is HeadDecision.LANDED:
+                    return self._own_commit(head, history, me)
+                if decision not in (HeadDecision.FIRST, HeadDecision.BESIDE):
+                    raise
                 check_reads(self._store, target, head, history)
                 log.info("publish_fence_passed", decision=decision.value, head=head.id, again=True)
         raise AssertionError("unreachable")  # pragma: no cover

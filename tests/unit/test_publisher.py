@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,6 +168,56 @@ def test_a_merge_whose_answer_was_lost_is_found_in_history(tmp_path: Path) -> No
     ws, diff = _workspace(tmp_path, "a", "x")
     out = _publish(store, ident(), ws, diff, base)
     assert out == store.branch_head("r", "main") != base
+
+
+class _Throttled(MemoryStore):
+    """lakeFS under contention: the first ``busy`` merges into main answer 429 (its own
+    branch-update retries ran out), the first one after a sibling landed meanwhile."""
+
+    def __init__(self, busy: int) -> None:
+        super().__init__()
+        self.busy = busy
+        self.throttled = 0
+
+    def merge(self, repository: str, source: str, destination: str, **kwargs: Any) -> str:
+        if destination == "main" and self.throttled < self.busy:
+            self.throttled += 1
+            if self.throttled == 1:  # a disjoint sibling's publication landed meanwhile
+                sibling = ident(wf="other", task="s1", ref="sibling")
+                sibling = replace(sibling, scope="elsewhere/")
+                self.upload_bytes(repository, "main", "elsewhere/x.txt", b"x")
+                head = self.branch_head(repository, "main")
+                self.commit(repository, "main", message="sibling", metadata=sibling.metadata(head))
+            raise StoreError("merge: too many attempts, try again later", status=429)
+        return super().merge(repository, source, destination, **kwargs)
+
+
+@pytest.mark.parametrize(("busy", "lands"), [(2, True), (4, False)])
+def test_a_throttled_merge_is_retried_under_the_lease(
+    tmp_path: Path, busy: int, lands: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 429 from lakeFS is not a task failure: the publisher waits, fences again against
+    the head (a sibling may have landed) and merges again, while it holds the lease; only
+    when every try is refused does the attempt fail (retryable)."""
+    from perago.publish import transaction
+
+    monkeypatch.setattr(transaction, "THROTTLE_BACKOFF_SECONDS", 0.001)
+    store = _Throttled(busy)
+    store.create_repository("r")
+    base = store.branch_head("r", "main")
+    ws, diff = _workspace(tmp_path, "a", "x")
+    me = replace(ident(), scope="data/")
+    if not lands:
+        with pytest.raises(StoreError, match="too many attempts") as e:
+            _publish(store, me, ws, diff, base)
+        assert not e.value.non_retryable
+        assert store.tree("r", "main").get("data/out.txt") is None
+        return
+    out = _publish(store, me, ws, diff, base)
+    head = store.get_commit("r", "main")
+    assert out == head.id and store.throttled == busy
+    assert store.tree("r", "main")["data/out.txt"] == b"x"
+    assert store.tree("r", "main")["elsewhere/x.txt"] == b"x"  # beside the sibling
 
 
 def _leases(clock: list[float], wait: float = 0) -> BranchLeases:
