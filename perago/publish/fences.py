@@ -125,10 +125,19 @@ def decide_publication(
             return _refuse(head, input_ref, me, commit, owner)
     if len(chain) == 1:  # the head sits right on the input ref
         return HeadDecision.SCOPED_REPLACE if earlier else HeadDecision.BESIDE
+    if chain[-1].parents:  # the walk stopped at its limit, not at the branch's first commit
+        raise PublishFenceError(
+            f"publish fence: the input ref {input_ref[:12]} is not among the newest "
+            f"{len(chain)} commits under the target head {head.id[:12]}, the most the fence "
+            "reads: more publications landed since the input ref than that (a fan-out of "
+            "that many partitions from one ref), or the branch was rewritten. Nothing was "
+            "published. Split the fan-out into rounds of fewer partitions, each from the "
+            "previous round's head, or re-run the workflow from the new head"
+        )
     raise PublishFenceError(
         f"publish fence: the input ref {input_ref[:12]} is not on the first-parent history of "
-        f"the target head {head.id[:12]} within {len(chain)} commits: the branch was reset or "
-        "rewritten since; nothing was published. Re-run the workflow from the new head"
+        f"the target head {head.id[:12]} (all {len(chain)} commits read): the branch was reset "
+        "or rewritten since; nothing was published. Re-run the workflow from the new head"
     )
 
 

@@ -141,7 +141,7 @@ def test_an_earlier_attempt_under_siblings_is_a_scoped_replacement() -> None:
 def test_own_publication_under_siblings_is_landed_and_a_rewritten_branch_fails() -> None:
     history = chain(RIGHT, LEFT)
     assert decide(history[0], "R", RIGHT, history) is HeadDecision.LANDED
-    with pytest.raises(PublishFenceError, match="not on the first-parent history"):
+    with pytest.raises(PublishFenceError, match="or the branch was rewritten"):
         decide(history[0], "R", ident("x", "z/"), history[:-1])
 
 

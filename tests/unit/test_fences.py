@@ -100,3 +100,24 @@ def test_attempt_fence_rejects_an_unknown_task() -> None:
 def test_identity_round_trips_through_commit_metadata() -> None:
     assert AttemptIdentity.from_commit(Commit("c", metadata=ME.metadata("in"))) == ME
     assert AttemptIdentity.from_commit(Commit("c", metadata={"perago.task_id": "x"})) is None
+
+
+def test_a_walk_cut_at_its_limit_says_so_and_a_rewritten_branch_says_that() -> None:
+    """Issue 26: 500 publications since the input ref were reported as a rewritten branch."""
+    me = AttemptIdentity("wf", "step", "t1", 0, 1, "tt", scope="p=0/")
+    siblings = [
+        Commit(
+            f"c{i}",
+            (f"c{i + 1}",),
+            metadata=AttemptIdentity(
+                "wf", f"p{i}", f"s{i}", 0, 1, "tt", scope=f"p={i + 1}/"
+            ).metadata("r0", kind="publication"),
+        )
+        for i in range(5)
+    ]
+    with pytest.raises(PublishFenceError, match="not among the newest 5 commits") as cut:
+        decide_publication(siblings[0], "r0", me, siblings)
+    assert "Split the fan-out into rounds" in cut.value.message
+    rooted = [*siblings[:4], Commit("c4", (), metadata=siblings[4].metadata)]
+    with pytest.raises(PublishFenceError, match="reset or rewritten since"):
+        decide_publication(rooted[0], "r0", me, rooted)
