@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "LAKECTL_VAR",
@@ -25,6 +26,7 @@ __all__ = [
     "Stack",
     "Trash",
     "TreeSpec",
+    "fanout_workflow",
     "percentile",
     "rel_path",
     "resolve_stack",
@@ -46,6 +48,32 @@ STACK_VARS = (
 LAKECTL_VAR = "PERAGO_BENCH_LAKECTL"
 #: lakectl keeps its index in the synced directory; it is not data.
 _LAKECTL_FILES = (".lakefs_ref.yaml",)
+
+
+def fanout_workflow(name: str) -> dict[str, Any]:
+    """A workflow of one FORK_JOIN_DYNAMIC over ``${workflow.input.tasks}`` (with
+    ``${workflow.input.inputs}``), then its JOIN."""
+    dyn = {
+        "name": "fan",
+        "taskReferenceName": "fan",
+        "type": "FORK_JOIN_DYNAMIC",
+        "inputParameters": {
+            "dynamicTasks": "${workflow.input.tasks}",
+            "dynamicTasksInput": "${workflow.input.inputs}",
+        },
+        "dynamicForkTasksParam": "dynamicTasks",
+        "dynamicForkTasksInputParamName": "dynamicTasksInput",
+    }
+    join = {"name": "fan_join", "taskReferenceName": "fan_join", "type": "JOIN"}
+    return {
+        "name": name,
+        "version": 1,
+        "schemaVersion": 2,
+        "ownerEmail": "perago@example.com",
+        "inputParameters": ["workspace"],
+        "timeoutSeconds": 900,
+        "tasks": [dyn, join],
+    }
 
 
 class BenchmarkError(Exception):

@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, resolve_stack
+from benchmarks.common import ROOT, fanout_workflow, resolve_stack
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, register
@@ -49,21 +49,9 @@ def _workflows(suffix: str) -> tuple[str, str, list[dict[str, Any]]]:
     for i in range(PARTS):
         steps.append(_step(f"s{i}", str(i), ws))
         ws = f"${{s{i}.output.workspace}}"
-    dyn = {
-        "name": "fan",
-        "taskReferenceName": "fan",
-        "type": "FORK_JOIN_DYNAMIC",
-        "inputParameters": {
-            "dynamicTasks": "${workflow.input.tasks}",
-            "dynamicTasksInput": "${workflow.input.inputs}",
-        },
-        "dynamicForkTasksParam": "dynamicTasks",
-        "dynamicForkTasksInputParamName": "dynamicTasksInput",
-    }
-    join = {"name": "fan_join", "taskReferenceName": "fan_join", "type": "JOIN"}
     defs = [
         {"name": chain, "tasks": steps, "timeoutSeconds": 900},
-        {"name": fan, "tasks": [dyn, join], "timeoutSeconds": 900},
+        fanout_workflow(fan),
     ]
     for d in defs:
         d.update(version=1, schemaVersion=2, ownerEmail="perago@example.com")

@@ -22,9 +22,8 @@ import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
-from benchmarks.common import ROOT, resolve_stack
+from benchmarks.common import ROOT, fanout_workflow, resolve_stack
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, register
@@ -45,30 +44,6 @@ def _seed(store: LakeFSStore, repo: str) -> str:
     for p in range(PARTS):
         store.upload_bytes(repo, "main", f"bench/in/p={p}/rows.bin", os.urandom(64 * 1024))
     return store.commit(repo, "main", message="seed", metadata={}).id
-
-
-def _workflow(name: str) -> dict[str, Any]:
-    dyn = {
-        "name": "fan",
-        "taskReferenceName": "fan",
-        "type": "FORK_JOIN_DYNAMIC",
-        "inputParameters": {
-            "dynamicTasks": "${workflow.input.tasks}",
-            "dynamicTasksInput": "${workflow.input.inputs}",
-        },
-        "dynamicForkTasksParam": "dynamicTasks",
-        "dynamicForkTasksInputParamName": "dynamicTasksInput",
-    }
-    join = {"name": "fan_join", "taskReferenceName": "fan_join", "type": "JOIN"}
-    return {
-        "name": name,
-        "version": 1,
-        "schemaVersion": 2,
-        "ownerEmail": "perago@example.com",
-        "inputParameters": ["workspace"],
-        "timeoutSeconds": 900,
-        "tasks": [dyn, join],
-    }
 
 
 def _run(
@@ -147,7 +122,7 @@ def main() -> int:
     results: dict[str, tuple[float, list[dict[str, int]]]] = {}
     for label, extra in (("baseline (cache off)", {"PERAGO_CACHE_BYTES": "0"}), ("cached", {})):
         name = f"bench_shared_{label.split()[0]}_{suffix}"
-        conductor.put_workflow_defs([_workflow(name)])
+        conductor.put_workflow_defs([fanout_workflow(name)])
         logs = [logdir / f"{name}-w{i}.log" for i in range(WORKERS)]
         store.create_branch(repo, name.replace("_", "-"), base)
         wall = _run(conductor, env, name, repo, base, logs, extra)

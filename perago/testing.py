@@ -21,7 +21,9 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
@@ -48,6 +50,7 @@ __all__ = [
     "TaskEnvironment",
     "Update",
     "run_task",
+    "running_worker",
 ]
 
 
@@ -749,6 +752,52 @@ class StubOrchestrator:
 
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
+
+
+@contextmanager
+def running_worker(
+    tasks: Sequence[TaskDefinition[Any, Any]],
+    *,
+    store: Any,
+    orchestrator: Any,
+    work_dir: Path,
+    leases: Any = None,
+    spark: Any = None,
+    **settings: Any,
+) -> Iterator[Any]:
+    """A real :class:`perago.worker.Worker` polling ``orchestrator`` (a
+    :class:`StubOrchestrator`) from a thread, against ``store`` (a :class:`MemoryStore`):
+    a whole worker without servers. Stopped (drained) on exit. ``settings`` override the
+    defaults made for tests (fast polls, no janitor pass, a short drain)."""
+    from perago.config import load
+    from perago.worker import Worker
+
+    values: dict[str, Any] = {
+        "worker_id": "w1",
+        "work_dir": work_dir,
+        "poll_interval": timedelta(milliseconds=5),
+        "janitor_on_start": False,
+        "wap_sweep_interval": timedelta(0),
+        "shutdown_grace": timedelta(seconds=1),
+        **settings,
+    }
+    worker = Worker(
+        tasks,
+        settings=load(env={}, **values),
+        store=store,
+        orchestrator=orchestrator,
+        leases=leases,
+        spark=spark,
+    )
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+        if thread.is_alive():
+            raise AssertionError("the worker did not stop within 60 s")
 
 
 class TaskEnvironment:

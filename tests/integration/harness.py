@@ -89,6 +89,22 @@ def simple_task(name: str, ref: str, workspace: str, params: dict[str, Any]) -> 
     }
 
 
+def dynamic_fork(tasks: str, inputs: str) -> list[dict[str, Any]]:
+    """A FORK_JOIN_DYNAMIC over the tasks and inputs the given expressions name, then its
+    JOIN (``fan`` and ``fan_join``)."""
+    return [
+        {
+            "name": "fan",
+            "taskReferenceName": "fan",
+            "type": "FORK_JOIN_DYNAMIC",
+            "inputParameters": {"dynamicTasks": tasks, "dynamicTasksInput": inputs},
+            "dynamicForkTasksParam": "dynamicTasks",
+            "dynamicForkTasksInputParamName": "dynamicTasksInput",
+        },
+        {"name": "fan_join", "taskReferenceName": "fan_join", "type": "JOIN"},
+    ]
+
+
 def put_workflow(conductor: ConductorClient, name: str, tasks: list[dict[str, Any]]) -> None:
     last = tasks[-1]["taskReferenceName"]
     conductor.put_workflow_defs(

@@ -20,6 +20,7 @@ from perago.failpoints import POINTS
 
 from .harness import (
     attempts,
+    dynamic_fork,
     held_leases,
     perago_cli,
     publications,
@@ -163,19 +164,11 @@ def test_dynamic_fork_over_8_partitions_with_2_workers(
     tmp_path: Path,
 ) -> None:
     name = f"pt_wf_dyn_{unique}"
-    dyn = {
-        "name": "fan",
-        "taskReferenceName": "fan",
-        "type": "FORK_JOIN_DYNAMIC",
-        "inputParameters": {
-            "dynamicTasks": "${workflow.input.dynamicTasks}",
-            "dynamicTasksInput": "${workflow.input.dynamicTasksInput}",
-        },
-        "dynamicForkTasksParam": "dynamicTasks",
-        "dynamicForkTasksInputParamName": "dynamicTasksInput",
-    }
-    fan_in = {"name": "fan_join", "taskReferenceName": "fan_join", "type": "JOIN"}
-    put_workflow(conductor, name, [dyn, fan_in])
+    put_workflow(
+        conductor,
+        name,
+        dynamic_fork("${workflow.input.dynamicTasks}", "${workflow.input.dynamicTasksInput}"),
+    )
     input_ref = store.branch_head(repo, "main")
     workspace = {"repository": repo, "branch": "main", "ref": input_ref}
     days = [f"d{i}" for i in range(8)]

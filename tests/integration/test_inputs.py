@@ -15,7 +15,15 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.inputs import ResolvedInput
 
-from .harness import attempts, perago_cli, publications, put_workflow, wait_workflow, worker
+from .harness import (
+    attempts,
+    dynamic_fork,
+    perago_cli,
+    publications,
+    put_workflow,
+    wait_workflow,
+    worker,
+)
 
 pytestmark = pytest.mark.integration
 MODULE = "tests.integration.taskmods.input_tasks"
@@ -62,18 +70,11 @@ def test_a_fan_out_reads_its_partitions_and_one_shared_dimension(
     parts = ["a", "b", "c", "d", "e", "f"]
     base = seed(store, repo, parts, tmp_path)
     name = f"in_wf_fan_{unique}"
-    dyn = {
-        "name": "fan",
-        "taskReferenceName": "fan",
-        "type": "FORK_JOIN_DYNAMIC",
-        "inputParameters": {
-            "dynamicTasks": "${workflow.input.dynamicTasks}",
-            "dynamicTasksInput": "${workflow.input.dynamicTasksInput}",
-        },
-        "dynamicForkTasksParam": "dynamicTasks",
-        "dynamicForkTasksInputParamName": "dynamicTasksInput",
-    }
-    put_workflow(conductor, name, [dyn, {"name": "j", "taskReferenceName": "j", "type": "JOIN"}])
+    put_workflow(
+        conductor,
+        name,
+        dynamic_fork("${workflow.input.dynamicTasks}", "${workflow.input.dynamicTasksInput}"),
+    )
     workspace = {"repository": repo, "branch": "main", "ref": base}
     tasks = [
         {"name": f"in_summary_{unique}", "taskReferenceName": f"p_{p}", "type": "SIMPLE"}

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +14,11 @@ import pytest
 from pydantic import BaseModel
 
 from perago import Inputs, TaskDefinitionError, WorkspaceSpec, task
-from perago.config import load
 from perago.inputs import ResolvedInput, template_overlap
 from perago.orchestrator import Outcome
 from perago.publish.identity import AttemptIdentity
 from perago.task_io import input_schema, output_schema
-from perago.testing import MemoryStore, StubOrchestrator, run_task
-from perago.worker import Worker
+from perago.testing import MemoryStore, StubOrchestrator, run_task, running_worker
 
 
 class Month(BaseModel):
@@ -212,26 +207,10 @@ def store() -> MemoryStore:
     return s
 
 
-@contextmanager
-def running(stub: StubOrchestrator, store: MemoryStore, tmp_path: Path) -> Iterator[Worker]:
-    settings = load(
-        env={},
-        worker_id="w1",
-        work_dir=tmp_path / "work",
-        poll_interval=timedelta(milliseconds=5),
-        janitor_on_start=False,
-        shutdown_grace=timedelta(seconds=1),
-        concurrency=2,
-        transfer_parallelism=2,
+def running(stub: StubOrchestrator, store: MemoryStore, tmp_path: Path) -> Any:
+    return running_worker(
+        TASKS, store=store, orchestrator=stub, work_dir=tmp_path / "work", concurrency=2
     )
-    worker = Worker(TASKS, settings=settings, store=store, orchestrator=stub)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=60)
 
 
 def submit(
@@ -419,23 +398,12 @@ def test_a_write_audit_publish_publication_records_what_its_steps_read(
     from perago import wap
 
     stub = StubOrchestrator(gate_timeout=20)
-    settings = load(
-        env={},
-        worker_id="w1",
-        work_dir=tmp_path / "work",
-        poll_interval=timedelta(milliseconds=5),
-        janitor_on_start=False,
-        shutdown_grace=timedelta(seconds=1),
-    )
-    worker = Worker(
+    with running_worker(
         [*TASKS, wap.perago_wap_begin, wap.perago_wap_publish],
-        settings=settings,
         store=store,
         orchestrator=stub,
-    )
-    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
-    thread.start()
-    try:
+        work_dir=tmp_path / "work",
+    ):
         workspace = {"repository": "repo", "branch": "main"}
         stub.submit(wap.BEGIN, {"workspace": workspace}, workflow_id="wap", reference_name="b")
         begin = settle(stub, "wap")
@@ -456,9 +424,6 @@ def test_a_write_audit_publish_publication_records_what_its_steps_read(
             reference_name="publish",
         )
         published = settle(stub, "wap-publish")
-    finally:
-        worker.stop()
-        thread.join(timeout=60)
     assert published.status == "COMPLETED", published.reason
     commit = store.get_commit("repo", published.output["workspace"]["ref"])
     recorded = ResolvedInput.from_metadata(commit.metadata)

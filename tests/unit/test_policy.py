@@ -4,10 +4,8 @@ does it on the real servers)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +13,10 @@ import pytest
 from pydantic import BaseModel
 
 from perago import Inputs, WorkspaceSpec, task, wap
-from perago.config import load
 from perago.errors import PolicyError
 from perago.orchestrator import Outcome
 from perago.policy import AccessPolicy, patterns
-from perago.testing import MemoryStore, StubOrchestrator
-from perago.worker import Worker
+from perago.testing import MemoryStore, StubOrchestrator, running_worker
 
 
 class P(BaseModel):
@@ -96,24 +92,10 @@ def store() -> CountingStore:
 @contextmanager
 def running(store: MemoryStore, tmp_path: Path, **policy: str) -> Iterator[StubOrchestrator]:
     stub = StubOrchestrator(gate_timeout=20)
-    settings = load(
-        env={},
-        worker_id="w1",
-        work_dir=tmp_path / "work",
-        poll_interval=timedelta(milliseconds=5),
-        janitor_on_start=False,
-        wap_sweep_interval=timedelta(0),
-        shutdown_grace=timedelta(seconds=1),
-        **policy,
-    )
-    worker = Worker(TASKS, settings=settings, store=store, orchestrator=stub)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
-    thread.start()
-    try:
+    with running_worker(
+        TASKS, store=store, orchestrator=stub, work_dir=tmp_path / "work", **policy
+    ):
         yield stub
-    finally:
-        worker.stop()
-        thread.join(timeout=60)
 
 
 def run(stub: StubOrchestrator, task_type: str, body: dict[str, Any]) -> Outcome:

@@ -32,7 +32,7 @@ from perago.orchestrator import Outcome
 from perago.publish.janitor import sweep
 from perago.steps import Boundary
 from perago.store import Commit
-from perago.testing import MemoryStore, StubOrchestrator
+from perago.testing import MemoryStore, StubOrchestrator, running_worker
 from perago.worker import Worker
 from perago.worker.runtime import AttemptRunner
 
@@ -176,22 +176,18 @@ def running(
     **overrides: Any,
 ) -> Iterator[Worker]:
     """A real Worker polling the stub from a thread; stopped (drained) on exit."""
-    worker = Worker(
-        TASKS,
-        settings=settings(tmp_path, **overrides),
-        store=store,
-        orchestrator=stub,
-        leases=leases,
-        spark=spark,
-    )
-    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
-    thread.start()
-    try:
+    values = {
+        "worker_id": "w1",
+        "work_dir": tmp_path / "work",
+        "concurrency": 2,
+        "transfer_parallelism": 2,
+        "wap_sweep_interval": timedelta(minutes=2),
+        **overrides,
+    }
+    with running_worker(
+        TASKS, store=store, orchestrator=stub, leases=leases, spark=spark, **values
+    ) as worker:
         yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "the worker did not stop"
 
 
 def ws(ref: str | None = None, **extra: Any) -> dict[str, Any]:
