@@ -78,6 +78,12 @@ class Settings(BaseModel):
         description='Task domain per task name as a JSON object, e.g. `{"orders_clean": '
         '"team-a"}`; wins over `@task(domain=...)` and `CONDUCTOR_WORKER_DOMAIN`.',
     )
+    task_concurrency: dict[str, int] = Field(
+        default_factory=dict,
+        description="How many attempts of a task type one worker runs at once, as a JSON "
+        'object, e.g. `{"orders_clean": 1}`; wins over `@task(concurrency=...)`. '
+        "`PERAGO_CONCURRENCY` stays the total; a task type at its limit is not polled.",
+    )
     lakefs_endpoint: str = Field(
         default="http://127.0.0.1:18000",
         validation_alias=AliasChoices("LAKECTL_SERVER_ENDPOINT_URL", "PERAGO_LAKEFS_ENDPOINT"),
@@ -330,7 +336,9 @@ class Settings(BaseModel):
             raise ValueError(f"must be one of none, {', '.join(KINDS)} (PERAGO_COORD_BACKEND)")
         return kind
 
-    @field_validator("spark_conf", "coord_options", "task_domains", mode="before")
+    @field_validator(
+        "spark_conf", "coord_options", "task_domains", "task_concurrency", mode="before"
+    )
     @classmethod
     def _json_object(cls, value: object) -> object:
         # PERAGO_SPARK_CONF='{"spark.executor.memory": "2g"}'
@@ -340,6 +348,14 @@ class Settings(BaseModel):
             except json.JSONDecodeError as e:
                 raise ValueError(f"must be a JSON object ({e})") from e
         return value
+
+    @field_validator("task_concurrency")
+    @classmethod
+    def _positive_limits(cls, limits: dict[str, int]) -> dict[str, int]:
+        bad = {k: v for k, v in limits.items() if v < 1}
+        if bad:
+            raise ValueError(f"each limit must be at least 1, got {bad}")
+        return limits
 
     @field_validator("conductor_server_url")
     @classmethod

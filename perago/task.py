@@ -208,6 +208,8 @@ class TaskOptions:
     description: str = ""
     #: Conductor task domain the worker polls this task in ("": the worker's domain).
     domain: str = ""
+    #: Attempts of this task one worker runs at once (0: only the worker's total limit).
+    concurrency: int = 0
 
     def __post_init__(self) -> None:
         if self.domain and not _DOMAIN.fullmatch(self.domain):
@@ -217,6 +219,11 @@ class TaskOptions:
             )
         if self.retry_count < 0:
             raise TaskDefinitionError("retry_count must be >= 0")
+        if not isinstance(self.concurrency, int) or self.concurrency < 0:
+            raise TaskDefinitionError(
+                f"concurrency must be a whole number >= 1 (or 0: no limit of its own), got "
+                f"{self.concurrency!r}"
+            )
         if self.response_timeout < timedelta(seconds=1):
             raise TaskDefinitionError("response_timeout must be at least 1 second")
         if self.timeout and self.response_timeout > self.timeout:
@@ -367,12 +374,16 @@ def task(
     response_timeout: timedelta = timedelta(minutes=2),
     description: str = "",
     domain: str = "",
+    concurrency: int = 0,
 ) -> _Decorator:
     """Declare a Perago task; ``name`` is the Conductor task type.
 
     ``response_timeout`` is how long Conductor waits without hearing from the worker before
     it retries the task elsewhere; the worker extends it while the body runs. ``domain`` is
     the Conductor task domain its worker polls (``PERAGO_TASK_DOMAINS`` overrides it).
+    ``concurrency`` caps how many attempts of this task one worker runs at once (a heavy
+    Spark task beside light ones; ``PERAGO_TASK_CONCURRENCY`` overrides it), within the
+    worker's total ``--concurrency``.
     """
     if not isinstance(name, str) or not _TASK_NAME.match(name):
         raise TaskDefinitionError(
@@ -388,5 +399,6 @@ def task(
         response_timeout=response_timeout,
         description=description,
         domain=domain,
+        concurrency=concurrency,
     )
     return _Decorator(name, workspace, options)

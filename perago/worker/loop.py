@@ -82,6 +82,11 @@ class Worker:
             raise ConfigError(f"task names must be unique in one worker, repeated: {duplicates}")
         self._tasks = {t.name: t for t in tasks}
         self._domains = {t.name: task_domain(t, settings) for t in tasks}
+        self._limits = {
+            t.name: settings.task_concurrency.get(t.name) or t.options.concurrency
+            for t in tasks
+            if settings.task_concurrency.get(t.name) or t.options.concurrency
+        }
         self._settings = settings
         self._orchestrator = orchestrator
         self._spark = spark
@@ -129,6 +134,7 @@ class Worker:
             tasks=sorted(self._tasks),
             domains={n: d for n, d in sorted(self._domains.items()) if d},
             concurrency=self._settings.concurrency,
+            task_concurrency=self._limits or None,
         )
         http = self._start_http()
         # Before polling: deliveries a killed process of this worker left IN_PROGRESS are
@@ -238,11 +244,14 @@ class Worker:
             for name in self._tasks:
                 if self._draining.is_set() or free <= 0:
                     break
+                count = self._slots(name, free)
+                if count <= 0:
+                    continue  # at its own limit: leave its tasks to other workers meanwhile
                 try:
                     polled = self._orchestrator.poll(
                         name,
                         worker_id=self._settings.worker_id,
-                        count=free,
+                        count=count,
                         domain=self._domains[name],
                     )
                     failures = 0
@@ -258,6 +267,15 @@ class Worker:
                     got_any = True
             if not got_any:
                 self._draining.wait(idle)
+
+    def _slots(self, name: str, free: int) -> int:
+        """How many attempts of task ``name`` this worker may start now."""
+        limit = self._limits.get(name)
+        if limit is None:
+            return free
+        with self._lock:
+            running = sum(1 for f in self._inflight.values() if f.snapshot.task_type == name)
+        return min(free, limit - running)
 
     def _start(self, snapshot: TaskSnapshot) -> None:
         thread = threading.Thread(
