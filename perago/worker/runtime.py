@@ -461,6 +461,9 @@ class AttemptRunner:
             step = commit.metadata.get("perago.task_ref")
             if step is None or commit.metadata.get("perago.kind") != "publication":
                 continue
+            key = commit.metadata.get("perago.step")  # a step of a sub-workflow
+            if key:
+                step = key.partition("/")[2] or step  # its task refs below the root workflow
             for name, location in ResolvedInput.from_metadata(commit.metadata).items():
                 found.append(ResolvedInput.parse(f"{step}.{name}", location))
         return tuple(found[:WAP_INPUTS_LIMIT])

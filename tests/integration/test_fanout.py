@@ -197,6 +197,75 @@ def test_dynamic_fork_over_8_partitions_with_2_workers(
     assert_clean(store, repo, env, {f"day_{d}" for d in days})
 
 
+def test_partitions_failing_at_once_keep_their_retries_inside_sub_workflows(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Conductor 3.32's JOIN may read a forked task's FAILED attempt before its retry exists
+    and fail the workflow (the retries end CANCELED; docs/protocol.md, "Retries inside a
+    fan-out"). Each partition wrapped in a SUB_WORKFLOW retries inside its child, which has
+    no JOIN: 4 of 8 partitions failing their first attempt at once, and it completes."""
+    child = f"pt_one_part_{unique}"
+    one = simple_task(f"pt_part_{unique}", "part", PINNED, {})
+    one["inputParameters"]["params"] = "${workflow.input.params}"
+    conductor.put_workflow_defs(
+        [
+            {
+                "name": child,
+                "version": 1,
+                "schemaVersion": 2,
+                "ownerEmail": "perago@example.com",
+                "inputParameters": ["workspace", "params"],
+                "tasks": [one],
+                "outputParameters": {
+                    "workspace": "${part.output.workspace}",
+                    "result": "${part.output.result}",
+                },
+            }
+        ]
+    )
+    name = f"pt_wf_subs_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        dynamic_fork("${workflow.input.dynamicTasks}", "${workflow.input.dynamicTasksInput}"),
+    )
+    workspace = {"repository": repo, "branch": "main", "ref": store.branch_head(repo, "main")}
+    days = [f"d{i}" for i in range(8)]
+    tasks = [
+        {
+            "name": child,
+            "taskReferenceName": f"day_{d}",
+            "type": "SUB_WORKFLOW",
+            "subWorkflowParam": {"name": child, "version": 1},
+        }
+        for d in days
+    ]
+    inputs = {
+        f"day_{d}": {"workspace": workspace, "params": {"part": d, "fail_first": i % 2 == 0}}
+        for i, d in enumerate(days)
+    }
+    wid = conductor.start_workflow(
+        name, {"workspace": workspace, "dynamicTasks": tasks, "dynamicTasksInput": inputs}
+    )
+    with worker(env, tmp_path / "w.log", concurrency=4):
+        wf = wait_workflow(conductor, wid, timeout=240)
+    assert wf["status"] == "COMPLETED", [
+        (t["referenceTaskName"], t["status"], t.get("reasonForIncompletion")) for t in wf["tasks"]
+    ]
+    for i, d in enumerate(days):
+        assert text(store, repo, f"parts/p={d}/rows.csv").startswith(f"{d},0")
+        (sub,) = attempts(wf, f"day_{d}")
+        inner = conductor.get_workflow(sub["subWorkflowId"])
+        statuses = [t["status"] for t in attempts(inner, "part")]
+        assert statuses == (["FAILED", "COMPLETED"] if i % 2 == 0 else ["COMPLETED"]), statuses
+    assert held_leases(store, repo) == []
+
+
 def test_do_while_and_switch_still_publish_serially(
     env: dict[str, str],
     conductor: ConductorClient,

@@ -114,6 +114,7 @@ class PartParams(BaseModel):
     part: str
     rows: int = 3
     sleep: float = 0.0
+    fail_first: bool = False  # the first attempt fails (retryable)
 
 
 class PartResult(BaseModel):
@@ -130,6 +131,8 @@ class PartResult(BaseModel):
 def part(workspace: Path, params: PartParams) -> PartResult:
     """Write one partition (a templated prefix): a fan-out writer."""
     time.sleep(params.sleep)
+    if params.fail_first and info().retry_count == 0:
+        raise RuntimeError(f"partition {params.part} fails its first attempt on purpose")
     (workspace / "rows.csv").write_text("".join(f"{params.part},{i}\n" for i in range(params.rows)))
     return PartResult(part=params.part, rows=params.rows)
 
