@@ -7,8 +7,10 @@ the head, no staging branch after the janitor, no branch lease held.
 from __future__ import annotations
 
 import io
+import itertools
 import signal
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +266,42 @@ def test_partitions_failing_at_once_keep_their_retries_inside_sub_workflows(
         statuses = [t["status"] for t in attempts(inner, "part")]
         assert statuses == (["FAILED", "COMPLETED"] if i % 2 == 0 else ["COMPLETED"]), statuses
     assert held_leases(store, repo) == []
+
+
+def test_a_task_type_capped_at_one_runs_alone_while_light_ones_keep_flowing(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """`@task(concurrency=1)` on one worker with --concurrency 4: three heavy attempts never
+    overlap, and the light ones run beside the heavy one (their slots are not taken)."""
+    heavy = [
+        simple_task(f"pt_heavy_{unique}", f"h{i}", PINNED, {"part": f"h{i}", "sleep": 1.5})
+        for i in range(3)
+    ]
+    light = [
+        simple_task(f"pt_light_{unique}", f"l{i}", PINNED, {"part": f"l{i}", "sleep": 0.3})
+        for i in range(6)
+    ]
+    name = f"pt_wf_caps_{unique}"
+    put_workflow(conductor, name, fork("split", [[t] for t in heavy + light]))
+    with worker(env, tmp_path / "w.log", concurrency=4) as w:
+        wf = wait_workflow(conductor, start(conductor, name, repo), timeout=120)
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    spans: dict[str, list[float]] = {}
+    for e in w.events():
+        if e.get("event") in ("pre_guardrails_passed", "attempt_finished"):
+            at = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+            spans.setdefault(e["task_ref"], []).append(at)
+    heavy_spans = sorted(tuple(spans[f"h{i}"]) for i in range(3))
+    for (_, end), (start_next, _) in itertools.pairwise(heavy_spans):
+        assert start_next >= end, f"two heavy attempts overlapped: {heavy_spans}"
+    first_heavy_end = heavy_spans[0][1]
+    light_ends = [spans[f"l{i}"][1] for i in range(6)]
+    assert sum(end < first_heavy_end for end in light_ends) >= 3, (heavy_spans, light_ends)
+    assert w.wait_for("worker_started")["task_concurrency"] == {f"pt_heavy_{unique}": 1}
 
 
 def test_do_while_and_switch_still_publish_serially(

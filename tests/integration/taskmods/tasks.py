@@ -185,3 +185,28 @@ def gate(workspace: Path, params: GateParams) -> PartResult:
         sentinel.write_text("failed once")
         raise TaskError("the gate fails its workflow once, on purpose", non_retryable=True)
     return PartResult(part="gate", rows=0)
+
+
+@task(
+    f"pt_heavy_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="heavy/", read_only=True),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+    concurrency=1,
+)
+def heavy(workspace: Path, params: PartParams) -> PartResult:
+    """A task type one worker runs one at a time (`concurrency=1`), like a Spark job."""
+    time.sleep(params.sleep)
+    return PartResult(part=params.part, rows=0)
+
+
+@task(
+    f"pt_light_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="light/", read_only=True),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+)
+def light(workspace: Path, params: PartParams) -> PartResult:
+    """A light task type beside it."""
+    time.sleep(params.sleep)
+    return PartResult(part=params.part, rows=0)
