@@ -65,12 +65,15 @@ def describe(e: BaseException) -> str:
 def bounded_traceback(e: BaseException) -> str:
     """The Python traceback of ``e`` with every part capped at :data:`MAX_LINES` lines."""
     lines = "".join(traceback.format_exception(type(e), e, e.__traceback__)).splitlines()
+    return "\n".join(_capped(lines))
+
+
+def _capped(lines: list[str]) -> list[str]:
+    """At most :data:`MAX_LINES` lines: the first and last halves, the middle counted."""
     if len(lines) <= MAX_LINES:
-        return "\n".join(lines)
+        return lines
     keep = MAX_LINES // 2
-    return "\n".join(
-        [*lines[:keep], f"... {len(lines) - 2 * keep} lines left out ...", *lines[-keep:]]
-    )
+    return [*lines[:keep], f"... {len(lines) - 2 * keep} lines left out ...", *lines[-keep:]]
 
 
 def _package_dir(name: str) -> str | None:
@@ -148,7 +151,4 @@ def user_traceback(e: BaseException) -> UserTraceback:
         location = f"{frame.filename}:{frame.lineno}"
     flush()
     lines.append(describe(e))
-    if len(lines) > MAX_LINES:
-        keep = MAX_LINES // 2
-        lines = [*lines[:keep], f"... {len(lines) - 2 * keep} lines left out ...", *lines[-keep:]]
-    return UserTraceback("\n".join(lines), location)
+    return UserTraceback("\n".join(_capped(lines)), location)

@@ -16,6 +16,7 @@ __all__ = [
     "METADATA_PREFIX",
     "RESERVED_PREFIXES",
     "SCOPE_MARKER_ROOT",
+    "is_wap_branch",
     "replaced_tag",
     "scoped_branch_name",
     "staging_branch_name",
@@ -70,6 +71,14 @@ def replaced_tag(commit_id: str, retry_count: int) -> str:
 def wap_prefix(cluster_id: str = "") -> str:
     """Where the isolated branches of write-audit-publish workflows start."""
     return f"perago-{cluster_id}-wap-" if cluster_id else "perago-wap-"
+
+
+_WAP_BRANCH = re.compile(r"^perago-(?:[a-z0-9]{1,20}-)?wap-")
+
+
+def is_wap_branch(name: str) -> bool:
+    """A write-audit-publish workflow's isolated branch, of any cluster."""
+    return _WAP_BRANCH.match(name) is not None
 
 
 def wap_branch_name(workflow_id: str, cluster_id: str = "") -> str:

@@ -21,11 +21,11 @@ value, and are counted (``perago_policy_refusals_total``).
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from perago.errors import PolicyError
+from perago.lakefs_names import is_wap_branch
 
 __all__ = ["AccessPolicy", "patterns"]
 
@@ -45,10 +45,6 @@ def _matches(value: str, globs: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(value, g) for g in globs)
 
 
-#: A write-audit-publish workflow's isolated branch (``perago.lakefs_names.wap_prefix``).
-_WAP_BRANCH = re.compile(r"^perago-(?:[a-z0-9]{1,20}-)?wap-")
-
-
 @dataclass(frozen=True)
 class AccessPolicy:
     """The worker's allowed targets and sources and its protected branches, each a tuple of
@@ -61,7 +57,7 @@ class AccessPolicy:
     def _wap_branch_allowed(self, repository: str, branch: str) -> bool:
         """An isolated write-audit-publish branch, in a repository some allowed target or
         source names: its begin step checked the target it will publish to."""
-        if not _WAP_BRANCH.match(branch):
+        if not is_wap_branch(branch):
             return False
         globs = (*self.allowed_targets, *self.allowed_sources)
         return any(fnmatch.fnmatchcase(repository, g.partition("/")[0]) for g in globs)

@@ -411,15 +411,12 @@ class Publisher:
                 if not moved or attempt == MERGE_TRIES:
                     raise error from e
                 # The hook refused because the head moved: a fan-out sibling may have landed.
-                head, history = self._read_head(target)
                 try:
-                    decision = decide_publication(head, target.input_ref, me, history)
+                    head, history, decision = self._fence_again(me, target)
                 except PublishFenceError as fence:
                     raise PublishFenceError(f"{error.message}; then: {fence.message}") from e
                 if decision is not HeadDecision.BESIDE:
                     raise error from e
-                check_reads(self._store, target, head, history)
-                log.info("publish_fence_passed", decision=decision.value, head=head.id, again=True)
             except StoreError as e:
                 # 429: lakeFS ran out of its own retries of the branch update (writers
                 # contending for the branch). Still under the lease: wait, fence again, merge.
@@ -427,15 +424,24 @@ class Publisher:
                     raise
                 log.warning("merge_throttled", attempt=attempt, error=e.message)
                 time.sleep(THROTTLE_BACKOFF_SECONDS * 2 ** (attempt - 1))
-                head, history = self._read_head(target)
-                decision = decide_publication(head, target.input_ref, me, history)
+                head, history, decision = self._fence_again(me, target)
                 if decision is HeadDecision.LANDED:
                     return self._own_commit(head, history, me)
                 if decision not in (HeadDecision.FIRST, HeadDecision.BESIDE):
                     raise
-                check_reads(self._store, target, head, history)
-                log.info("publish_fence_passed", decision=decision.value, head=head.id, again=True)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fence_again(
+        self, me: AttemptIdentity, target: WorkspaceTarget
+    ) -> tuple[Commit, list[Commit], HeadDecision]:
+        """After lakeFS refused a merge: the head now, the publish fence's decision on it
+        and, unless it landed, the read-set check (the caller says which decisions merge)."""
+        head, history = self._read_head(target)
+        decision = decide_publication(head, target.input_ref, me, history)
+        if decision is not HeadDecision.LANDED:
+            check_reads(self._store, target, head, history)
+            log.info("publish_fence_passed", decision=decision.value, head=head.id, again=True)
+        return head, history, decision
 
     def _merge(
         self,

@@ -35,7 +35,7 @@ from perago.workspace import ContentCache, Manifest, compute_diff, materialize
 __all__ = [
     "LocalInputs",
     "OneDownloadAtATime",
-    "check_input_overrides",
+    "input_overrides",
     "local_inputs",
     "remote_inputs",
     "resolve_inputs",
@@ -76,20 +76,20 @@ def _overrides(
     return out
 
 
-def check_input_overrides(defn: TaskDefinition[Any, Any], raw: object) -> None:
+def input_overrides(defn: TaskDefinition[Any, Any], raw: object) -> dict[str, InputSourceOverride]:
     """The task input's ``inputs``, checked before anything is read (``GuardrailError``)."""
     if not defn.workspace.inputs:
         if raw:
             named = sorted(map(str, raw)) if isinstance(raw, dict) else [repr(raw)]
             raise unknown_override(named, {}, defn.name)
-        return
-    _overrides(defn, raw, defn.workspace.inputs)
+        return {}
+    return _overrides(defn, raw, defn.workspace.inputs)
 
 
 def resolve_inputs(
     store: VersionStore,
     defn: TaskDefinition[Any, Any],
-    raw: object,
+    overrides: dict[str, InputSourceOverride],
     target: WorkspaceTarget,
     params: Any,
     *,
@@ -97,15 +97,12 @@ def resolve_inputs(
     policy: AccessPolicy | None = None,
 ) -> tuple[ResolvedInput, ...]:
     """Every declared input, resolved to the commit this attempt reads it at: an input the
-    workflow does not point elsewhere is read at ``default_commit`` (the target branch's
-    head when the attempt started, or the pinned ref; default: the input ref)."""
+    workflow does not point elsewhere (``overrides``, from :func:`input_overrides`) is read
+    at ``default_commit`` (the target branch's head when the attempt started, or the pinned
+    ref; default: the input ref)."""
     if not defn.workspace.inputs:
-        if raw:
-            named = sorted(map(str, raw)) if isinstance(raw, dict) else [repr(raw)]
-            raise unknown_override(named, {}, defn.name)
         return ()
     declared = defn.workspace.render_inputs(params)
-    overrides = _overrides(defn, raw, declared)
     resolved = []
     for name, prefix in declared.items():
         source = overrides.get(name, InputSourceOverride())

@@ -52,7 +52,7 @@ from perago.task_io import MAX_PARAMS_BYTES, WorkspaceInput, check_param_keys
 from perago.worker.attempt import RunningAttempt
 from perago.worker.inputs import (
     OneDownloadAtATime,
-    check_input_overrides,
+    input_overrides,
     local_inputs,
     remote_inputs,
     resolve_inputs,
@@ -279,7 +279,7 @@ class AttemptRunner:
                 f"invalid params for {defn.name}: {_validation_summary(e)}; fix the workflow's "
                 "task input"
             ) from e
-        check_input_overrides(defn, raw.get("inputs"))
+        overrides = input_overrides(defn, raw.get("inputs"))
         self._check_policy(defn, ws, params)
         if not self._store.repository_exists(ws.repository):
             raise GuardrailError(
@@ -319,7 +319,7 @@ class AttemptRunner:
         reads = resolve_inputs(
             self._store,
             defn,
-            raw.get("inputs"),
+            overrides,
             target,
             params,
             default_commit=inputs_at,
