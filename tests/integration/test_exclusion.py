@@ -49,10 +49,11 @@ def test_two_publications_from_one_input_ref_exactly_one_lands(
     """
     name = f"pt_wf_race_{unique}"
     one_step(conductor, name, f"pt_write_{unique}", {"files": "${workflow.input.files}"})
-    # both workers pause after the publish fence, so both saw head == input ref
+    # both workers pause after the publish fence, so both saw head == input ref (4 s: on a
+    # loaded 2-core CI machine the second worker reached its fence 1.5 s after the first)
     racing = {
         **env,
-        "PERAGO_FAILPOINTS": "after_publish_fence=pause:1.5",
+        "PERAGO_FAILPOINTS": "after_publish_fence=pause:4",
         "PERAGO_COORD_BACKEND": leases,
     }
     outcomes = []
