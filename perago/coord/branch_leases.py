@@ -11,17 +11,33 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from perago.coord.lease import Grant, LeaseManager
 
-__all__ = ["BranchLeases", "HeldLease", "lease_name"]
+__all__ = ["BranchLease", "BranchLeases", "HeldLease", "lease_name"]
 
 T = TypeVar("T")
 
 
 def lease_name(repository: str, branch: str) -> str:
     return f"branches/{repository}/{branch}"
+
+
+class BranchLease(Protocol):
+    """What a publication needs of the lease that guards it: a grant of its own
+    (:class:`HeldLease`) or a share of one (``perago.publish.group_commit``)."""
+
+    @property
+    def token(self) -> int: ...
+
+    def refresh(self) -> None: ...
+
+    def guarded(self, write: Callable[[float], T]) -> T: ...
+
+    def release(self) -> None: ...
+
+    def release_soon(self, on_error: Callable[[Exception], None]) -> None: ...
 
 
 @dataclass
@@ -80,8 +96,13 @@ class BranchLeases:
         """Whether someone holds the branch's lease right now (one read)."""
         return self.manager(repository).holder(lease_name(repository, branch)) is not None
 
-    def acquire(self, repository: str, branch: str, owner: str) -> HeldLease:
-        """Take the branch's lease, waiting up to :attr:`wait` (LeaseBusyError after that)."""
+    def acquire(
+        self, repository: str, branch: str, owner: str, *, wait: timedelta | None = None
+    ) -> HeldLease:
+        """Take the branch's lease, waiting up to ``wait`` (default :attr:`wait`;
+        LeaseBusyError after that)."""
         manager = self.manager(repository)
-        grant = manager.acquire(lease_name(repository, branch), owner, wait=self.wait)
+        grant = manager.acquire(
+            lease_name(repository, branch), owner, wait=self.wait if wait is None else wait
+        )
         return HeldLease(manager, grant)

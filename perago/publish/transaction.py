@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 
 from perago import metrics, steps
-from perago.coord.branch_leases import BranchLeases, HeldLease
+from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.errors import (
     ConflictError,
     CoordStoreError,
@@ -34,6 +34,8 @@ from perago.publish.fences import (
     decide_publication,
     earlier_publications,
 )
+from perago.publish.first_parents import FirstParents
+from perago.publish.group_commit import GroupMember, LeaseGroups
 from perago.publish.identity import (
     AttemptIdentity,
     StagedReference,
@@ -54,7 +56,8 @@ log = structlog.get_logger("perago.publish")
 
 #: How far back the publish fence follows a head's first-parent chain to the input ref: a
 #: fan-out whose siblings published more often than this since its input ref fails closed.
-HISTORY_LIMIT = 500
+#: The walk stops at the input ref and reads each commit once per process (FirstParents).
+HISTORY_LIMIT = 5000
 #: Merges tried when the expected-head hook refuses because fan-out siblings moved the head,
 #: or lakeFS answers 429 (its own branch-update retries ran out under contention).
 MERGE_TRIES = 4
@@ -74,14 +77,20 @@ class Publication:
     """
 
     ref: str
-    lease: HeldLease | None = None
+    lease: BranchLease | None = None
 
     def release(self, *, wait: bool = False) -> None:
         if self.lease is not None:
             release_lease(self.lease, wait=wait)
 
 
-def release_lease(lease: HeldLease, *, wait: bool = False) -> None:
+def _turn(lease: BranchLease | None) -> contextlib.AbstractContextManager[None]:
+    """A group member's turn from the publish fence to the merge or reset (see
+    ``perago.publish.group_commit``); a lone grant needs none."""
+    return lease.turn() if isinstance(lease, GroupMember) else contextlib.nullcontext()
+
+
+def release_lease(lease: BranchLease, *, wait: bool = False) -> None:
     """Release a branch lease; a failure is only logged (it expires by itself).
 
     By default in the background: the publication is decided already, and this process's
@@ -117,13 +126,13 @@ class _BackgroundAcquire:
     once granted) gives it a home, so a lease taken for nothing is never left held.
     """
 
-    def __init__(self, take: Callable[[], HeldLease]) -> None:
+    def __init__(self, take: Callable[[], BranchLease]) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="perago-lease-take")
         self._future = self._pool.submit(contextvars.copy_context().run, take)
         self._pool.shutdown(wait=False)
         self._taken = False
 
-    def take(self) -> HeldLease:
+    def take(self) -> BranchLease:
         self._taken = True
         return self._future.result()
 
@@ -133,7 +142,7 @@ class _BackgroundAcquire:
             self._future.add_done_callback(_release_if_granted)
 
 
-def _release_if_granted(future: Future[HeldLease]) -> None:
+def _release_if_granted(future: Future[BranchLease]) -> None:
     if not future.cancelled() and future.exception() is None:
         release_lease(future.result())
 
@@ -157,6 +166,8 @@ class Publisher:
         self._worker_id = worker_id
         self._parallelism = parallelism
         self._leases = leases
+        self._groups = None if leases is None else LeaseGroups(leases)
+        self._first_parents = FirstParents(store)
 
     def publish(
         self,
@@ -281,7 +292,8 @@ class Publisher:
             steps.reached(Boundary.AFTER_STAGE)
             self._fence(me, 2)
             started = time.monotonic()
-            published = self._confirm(me, target, staged, lease)
+            with _turn(lease):
+                published = self._confirm(me, target, staged, lease)
             metrics.PUBLISH_SECONDS.labels("publish").observe(time.monotonic() - started)
             steps.reached(Boundary.AFTER_PUBLISH)
             return Publication(published, lease)
@@ -336,7 +348,7 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         branch: str,
-        lease: HeldLease | None,
+        lease: BranchLease | None,
         **counts: int,
     ) -> StagedReference:
         """Commit the staging branch: the commit that a replacement publication installs."""
@@ -374,7 +386,7 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         staged: StagedReference,
-        lease: HeldLease | None,
+        lease: BranchLease | None,
     ) -> str:
         repo = target.repository
         head, history = self._read_head(target)
@@ -448,7 +460,7 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         staged: StagedReference,
-        lease: HeldLease | None,
+        lease: BranchLease | None,
         head: Commit,
         **extra: str,
     ) -> str:
@@ -465,7 +477,7 @@ class Publisher:
         metadata.update(target.reads_metadata())
 
         def merge(timeout: float | None) -> str:
-            return self._store.merge(
+            merged = self._store.merge(
                 repo,
                 staged.staging_branch,
                 target.branch,
@@ -473,6 +485,9 @@ class Publisher:
                 metadata=metadata,
                 timeout=timeout,
             )
+            if isinstance(lease, GroupMember):
+                lease.end_turn()  # the checks after the merge only read: siblings may go on
+            return merged
 
         try:
             if lease is None:
@@ -500,7 +515,7 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         staged: StagedReference | None,
-        lease: HeldLease | None,
+        lease: BranchLease | None,
         head: Commit,
         history: list[Commit],
     ) -> str:
@@ -560,7 +575,9 @@ class Publisher:
         head = self._store.get_commit(repo, target.branch)  # a branch name reads its head
         if head.id == target.input_ref or head.parents[:1] == (target.input_ref,):
             return head, [head]
-        return head, self._store.log(repo, head.id, amount=HISTORY_LIMIT)
+        return head, self._first_parents.chain(
+            repo, head, stop_at=target.input_ref, limit=HISTORY_LIMIT
+        )
 
     @staticmethod
     def _own_commit(head: Commit, history: list[Commit], me: AttemptIdentity) -> str:
@@ -583,7 +600,7 @@ class Publisher:
         problem = "it is not a descendant"
         if parents:
             under = self._store.get_commit(repo, parents[0])
-            history = self._store.log(repo, under.id, amount=HISTORY_LIMIT)
+            history = self._first_parents.chain(repo, under, stop_at=seen_head, limit=HISTORY_LIMIT)
             try:
                 if decide_publication(under, seen_head, me, history) is HeadDecision.BESIDE:
                     return
@@ -609,13 +626,14 @@ class Publisher:
             return Publication(self._noop_decision(me, target, None))
         with self._branch_lease(me, target) as lease:
             self._fence(me, 2)
-            return Publication(self._noop_decision(me, target, lease), lease)
+            with _turn(lease):
+                return Publication(self._noop_decision(me, target, lease), lease)
 
     def _noop_decision(
         self,
         me: AttemptIdentity,
         target: WorkspaceTarget,
-        lease: HeldLease | None,
+        lease: BranchLease | None,
     ) -> str:
         head, history = self._read_head(target)
         decision = decide_publication(head, target.input_ref, me, history)
@@ -640,7 +658,7 @@ class Publisher:
     @contextlib.contextmanager
     def _branch_lease(
         self, me: AttemptIdentity, target: WorkspaceTarget, early: _BackgroundAcquire | None = None
-    ) -> Iterator[HeldLease | None]:
+    ) -> Iterator[BranchLease | None]:
         """Hold the target branch's lease (if configured) from the staged commit to Confirm;
         released on failure, kept on success (the caller's :class:`Publication` holds it).
 
@@ -660,12 +678,15 @@ class Publisher:
             raise
         log.info("branch_lease_kept_for_report", fencing_token=lease.token)
 
-    def _take_lease(self, me: AttemptIdentity, target: WorkspaceTarget) -> HeldLease:
-        assert self._leases is not None
-        lease = self._leases.acquire(
-            target.repository, target.branch, f"{me.task_id}-p{me.poll_count}"
+    def _take_lease(self, me: AttemptIdentity, target: WorkspaceTarget) -> BranchLease:
+        """The branch lease: a share of this process's grant if a group of disjoint
+        publications holds it (group commit, ``perago.publish.group_commit``), else a grant."""
+        assert self._groups is not None
+        lease = self._groups.acquire(
+            target.repository, target.branch, f"{me.task_id}-p{me.poll_count}", me
         )
-        log.info("branch_lease_acquired", fencing_token=lease.token, branch=target.branch)
+        if not lease.joined:
+            log.info("branch_lease_acquired", fencing_token=lease.token, branch=target.branch)
         return lease
 
     def _reset(
@@ -674,7 +695,7 @@ class Publisher:
         target: WorkspaceTarget,
         seen_head: str,
         to: str,
-        lease: HeldLease | None,
+        lease: BranchLease | None,
     ) -> None:
         """Hard-reset the target (no CAS in lakeFS): under the branch lease when configured.
 

@@ -19,7 +19,7 @@ import structlog
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from perago import metrics
-from perago.coord.branch_leases import HeldLease
+from perago.coord.branch_leases import BranchLease
 from perago.errors import OrchestratorError
 from perago.orchestrator import TaskSnapshot
 
@@ -114,7 +114,7 @@ class TaskUpdates:
 
 
 def under_lease(
-    lease: HeldLease, send: Callable[[float], None], *, patience: float = 120.0
+    lease: BranchLease, send: Callable[[float], None], *, patience: float = 120.0
 ) -> Callable[[], None]:
     """``send(timeout)`` as a guarded write under the branch lease (renewed first when half
     its ttl is gone), retried on transient errors while the lease holds, for ``patience``

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from perago import metrics, steps
 from perago.config import Settings
 from perago.context import attempt_context
-from perago.coord.branch_leases import BranchLeases, HeldLease
+from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.errors import (
     AttemptFenceError,
     GuardrailError,
@@ -43,7 +43,7 @@ from perago.parallel import run_parallel
 from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
 from perago.publish.joins import check_contains, unpinned_input_ref
-from perago.publish.transaction import HISTORY_LIMIT, release_lease
+from perago.publish.transaction import release_lease
 from perago.spark import spark_tag
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
@@ -82,6 +82,8 @@ _COMMIT_ID = re.compile(r"^[0-9a-f]{64}$")
 
 #: Inputs a write-audit-publish publication records at most (commit metadata stays small).
 WAP_INPUTS_LIMIT = 200
+#: How far back the branch's history is read for them.
+WAP_HISTORY_LIMIT = 500
 
 #: What an attempt interrupted by the worker's drain reports (Conductor retries it).
 SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
@@ -97,7 +99,7 @@ class Finished:
     (docs/model-check.md, re-delivery). The orchestrator only ever sees the outcome."""
 
     outcome: Outcome
-    lease: HeldLease | None = None
+    lease: BranchLease | None = None
 
     def release(self) -> None:
         """Give the lease back now (a caller that reports nothing)."""
@@ -455,7 +457,8 @@ class AttemptRunner:
         """The named inputs the Perago publications on a write-audit-publish branch read,
         since its base (newest first, at most ``WAP_INPUTS_LIMIT``)."""
         found: list[ResolvedInput] = []
-        for commit in self._store.log(source.repository, source.input_ref, amount=HISTORY_LIMIT):
+        history = self._store.log(source.repository, source.input_ref, amount=WAP_HISTORY_LIMIT)
+        for commit in history:
             if commit.id == params.base or len(found) >= WAP_INPUTS_LIMIT:
                 break
             step = commit.metadata.get("perago.task_ref")

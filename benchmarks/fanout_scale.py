@@ -1,0 +1,172 @@
+"""(l) Fan-out at scale: a DYNAMIC_FORK of 64 and 256 writers of one branch, against lakeFS
+alone doing the same publications.
+
+Each partition is ``bench_scale_part``: no work, 5 x 1 KiB on its own prefix
+``parts/p=<n>/``. Two worker processes with ``--concurrency 8`` each run every fan-out, one
+fresh repository per size. The baseline, measured in the same run on the same stack: lakeFS
+alone doing the same publications 16 at a time (create a branch from ``main``, upload 5
+files, commit, merge into ``main``, retrying a merge that lakeFS answers 429). Printed per
+size: Perago's wall time (Conductor start to COMPLETED), lakeFS alone's, their ratio,
+publications per second, and from the workers' logs how many times the branch lease was
+acquired and how many publications joined a lease already held (group commit).
+
+    python -m benchmarks.fanout_scale            # 64 and 256
+    python -m benchmarks.fanout_scale 64 256 1000
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import ROOT, fanout_workflow, resolve_stack
+from perago.adapters.conductor import ConductorClient
+from perago.adapters.lakefs import LakeFSStore
+from perago.conductor.registry import discover, register
+from perago.config import load
+from perago.errors import StoreError
+
+TASK = "bench_scale_part"
+WORKERS, CONCURRENCY, BASELINE_THREADS = 2, 8, 16
+FILES, SIZE = 5, 1024
+
+
+def _wait(conductor: ConductorClient, wid: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        wf = conductor.get_workflow(wid, include_tasks=False)
+        if wf.get("status") in ("COMPLETED", "FAILED", "TIMED_OUT", "TERMINATED"):
+            if wf["status"] != "COMPLETED":
+                raise SystemExit(
+                    f"workflow {wid} {wf['status']}: {wf.get('reasonForIncompletion')}"
+                )
+            return wf
+        time.sleep(0.5)
+    raise SystemExit(f"workflow {wid} did not finish within {timeout:.0f} s")
+
+
+def _perago(conductor: ConductorClient, store: LakeFSStore, flow: str, parts: int) -> float:
+    repo = f"bench-scale-{parts}-{uuid.uuid4().hex[:6]}"
+    store.create_repository(repo)
+    ws = {"repository": repo, "branch": "main", "ref": store.branch_head(repo, "main")}
+    tasks = [{"name": TASK, "taskReferenceName": f"p{i}", "type": "SIMPLE"} for i in range(parts)]
+    inputs = {f"p{i}": {"workspace": ws, "params": {"part": str(i)}} for i in range(parts)}
+    wid = conductor.start_workflow(flow, {"workspace": ws, "tasks": tasks, "inputs": inputs})
+    wf = _wait(conductor, wid, timeout=60 + parts * 2.0)
+    published = sum(
+        c.metadata.get("perago.kind") == "publication"
+        for c in store.log(repo, "main", amount=parts + 10)
+    )
+    if published != parts:
+        raise SystemExit(f"{repo}: {published} publications on main, expected {parts}")
+    return (int(wf["endTime"]) - int(wf["startTime"])) / 1000
+
+
+def _alone(store: LakeFSStore, parts: int) -> float:
+    """lakeFS alone: the same publications, BASELINE_THREADS at a time."""
+    repo = f"bench-alone-{parts}-{uuid.uuid4().hex[:6]}"
+    store.create_repository(repo)
+    head = store.branch_head(repo, "main")
+
+    def publish(i: int) -> None:
+        branch = f"w{i}"
+        store.create_branch(repo, branch, head)
+        for f in range(FILES):
+            store.upload_bytes(repo, branch, f"parts/p={i}/f{f}.bin", os.urandom(SIZE))
+        store.commit(repo, branch, message=f"part {i}", metadata={})
+        for attempt in range(20):
+            try:
+                store.merge(repo, branch, "main", message=f"merge part {i}", metadata={})
+                break
+            except StoreError as e:
+                if e.status != 429 or attempt == 19:
+                    raise
+                time.sleep(0.05 * 2 ** min(attempt, 5))
+        store.delete_branch(repo, branch)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(BASELINE_THREADS) as pool:
+        list(pool.map(publish, range(parts)))
+    return time.monotonic() - started
+
+
+def _lease_counts(logs: list[Path], since: float) -> tuple[int, int]:
+    acquired = joined = 0
+    for log in logs:
+        for line in log.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            acquired += e.get("event") == "branch_lease_acquired"
+            joined += e.get("event") == "branch_lease_joined"
+    return acquired, joined
+
+
+def main(argv: list[str]) -> int:
+    sizes = [int(a) for a in argv] or [64, 256]
+    stack = resolve_stack()
+    env = {**os.environ, **stack.env}
+    settings = load(env=env)
+    store, conductor = LakeFSStore(settings), ConductorClient(settings)
+    suffix = uuid.uuid4().hex[:8]
+    flow = f"bench_scale_{suffix}"
+    register(conductor, discover(["benchmarks.fanout_scale_tasks"]))
+    conductor.put_workflow_defs([fanout_workflow(flow)])
+    logs = [Path(settings.work_dir) / f"bench-scale-{suffix}-w{n}.log" for n in range(WORKERS)]
+    logs[0].parent.mkdir(parents=True, exist_ok=True)
+    workers = []
+    for log in logs:
+        with log.open("w") as out:
+            workers.append(
+                subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "perago", "worker"),
+                        *("benchmarks.fanout_scale_tasks", "--concurrency", str(CONCURRENCY)),
+                    ],
+                    cwd=ROOT,
+                    env={**env, "PERAGO_POLL_INTERVAL": "0.1"},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    rows = []
+    try:
+        for parts in sizes:
+            before = _lease_counts(logs, 0)
+            wall = _perago(conductor, store, flow, parts)
+            after = _lease_counts(logs, 0)
+            alone = _alone(store, parts)
+            rows.append((parts, wall, alone, after[0] - before[0], after[1] - before[1]))
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.wait(timeout=60)
+    print(
+        f"(l) fan-out at scale: {WORKERS} workers x --concurrency {CONCURRENCY}, each partition "
+        f"{FILES} x {SIZE // 1024} KiB; lakeFS alone: the same publications "
+        f"{BASELINE_THREADS} at a time"
+    )
+    print(
+        "  partitions | Perago wall | lakeFS alone | ratio | publications/s | "
+        "lease acquired / joined"
+    )
+    for parts, wall, alone, acquired, joined in rows:
+        print(
+            f"  {parts:10d} | {wall:9.1f} s | {alone:10.1f} s | {wall / alone:4.1f}x | "
+            f"{parts / wall:14.1f} | {acquired} / {joined}"
+        )
+    print(f"  worker logs: {', '.join(str(p) for p in logs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

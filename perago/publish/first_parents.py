@@ -1,0 +1,65 @@
+"""A head's first-parent chain down to an input ref, read through a per-process cache.
+
+Commits never change, so a chain read once need not be read again. In a fan-out every
+publication's fence walks the chain from the head to the fan-out's input ref. Most of that
+chain is the same for each of them: only the few commits that siblings added since are new.
+Without the cache each fence would read the whole chain again, and the cost of a fan-out
+would grow with the square of its width.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from perago.errors import StoreError
+from perago.store import Commit, VersionStore
+
+__all__ = ["FirstParents"]
+
+
+class FirstParents:
+    """Walks first-parent chains, reading from lakeFS only the commits it has not seen."""
+
+    def __init__(self, store: VersionStore, *, page: int = 100, capacity: int = 50_000) -> None:
+        self._store = store
+        self._page = page
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._commits: OrderedDict[tuple[str, str], Commit] = OrderedDict()
+
+    def chain(self, repository: str, head: Commit, *, stop_at: str, limit: int) -> list[Commit]:
+        """``head`` and its first parents, newest first, down to ``stop_at`` (included), the
+        first commit of the branch, or ``limit`` commits, whichever comes first."""
+        chain, commit = [head], head
+        while commit.id != stop_at and commit.parents and len(chain) < limit:
+            parent = commit.parents[0]
+            cached = self._get(repository, parent)
+            if cached is None:
+                page = self._store.log(
+                    repository, parent, amount=min(self._page, limit - len(chain))
+                )
+                if not page or page[0].id != parent:
+                    raise StoreError(
+                        f"lakeFS's log of {repository}@{parent} does not start at that commit; "
+                        "check the lakeFS server"
+                    )
+                self._put(repository, page)
+                cached = page[0]
+            chain.append(cached)
+            commit = cached
+        return chain
+
+    def _get(self, repository: str, commit_id: str) -> Commit | None:
+        with self._lock:
+            commit = self._commits.get((repository, commit_id))
+            if commit is not None:
+                self._commits.move_to_end((repository, commit_id))
+            return commit
+
+    def _put(self, repository: str, commits: list[Commit]) -> None:
+        with self._lock:
+            for commit in commits:
+                self._commits[(repository, commit.id)] = commit
+            while len(self._commits) > self._capacity:
+                self._commits.popitem(last=False)

@@ -1,0 +1,252 @@
+"""Group commit: the publications of one worker process onto one branch share a lease grant.
+
+The branch lease serialises a branch's publications. Taking it costs round trips to the
+coordination store, and a waiter polls for it, so a fan-out of disjoint writers published
+at the lease's pace, not lakeFS's. This module groups them the way a database's group
+commit does (MySQL's binlog stages, RocksDB's write groups). The first publication to take
+the lease opens a group. Publications of the same process that arrive while it is held
+join the group instead of waiting, when:
+
+- their scope is disjoint from every current member's, and they belong to another step. An
+  attempt never shares a grant with another attempt of its own step: a retry waits for the
+  group to end, as it waited for the lease before;
+- the group is young and small enough (``MAX_SECONDS``, ``MAX_MEMBERS``), so that other
+  processes get the lease too.
+
+Each member keeps its own staged commit, fences, merge, report and output ref; only the
+grant is shared. Members take turns (:meth:`GroupMember.turn`) from the publish fence to
+the merge or reset: a hard reset in lakeFS has no compare-and-swap, so no sibling may merge
+inside one. The grant is released when the last member leaves. A member that fails leaves
+alone. When the process dies, the grant expires as a lone holder's would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import TypeVar
+
+import structlog
+
+from perago.coord.branch_leases import BranchLeases, HeldLease
+from perago.errors import LeaseBusyError
+from perago.publish.identity import AttemptIdentity
+from perago.publish.scope import overlaps
+
+__all__ = ["MAX_MEMBERS", "MAX_SECONDS", "GroupMember", "LeaseGroups"]
+
+log = structlog.get_logger("perago.publish")
+T = TypeVar("T")
+
+#: A group admits at most this many publications, and only this long after it took the lease:
+#: then it closes, ends when its members have reported, and the lease is up for any process.
+MAX_MEMBERS = 64
+MAX_SECONDS = 2.0
+#: How often the process's waiter for a busy lease reads its record.
+POLL_SECONDS = 0.1
+
+
+class _Group:
+    """One grant of a branch lease and the publications sharing it."""
+
+    def __init__(self, lease: HeldLease, opened: float) -> None:
+        self.lease = lease
+        self.opened = opened
+        self.members: dict[int, AttemptIdentity] = {}
+        self.admitted = 0
+        self.turnstile = threading.Lock()
+        self.renewing = threading.Lock()
+
+    def conflicts(self, me: AttemptIdentity) -> AttemptIdentity | None:
+        for other in self.members.values():
+            if overlaps(other.scope, me.scope) or other.same_step(me):
+                return other
+        return None
+
+
+class LeaseGroups:
+    """Hands out shares of branch leases to one process's publications (thread-safe)."""
+
+    def __init__(
+        self,
+        leases: BranchLeases,
+        *,
+        max_members: int = MAX_MEMBERS,
+        max_seconds: float = MAX_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._leases = leases
+        self._max_members = max_members
+        self._max_seconds = max_seconds
+        self._clock = clock
+        self._changed = threading.Condition()
+        self._groups: dict[tuple[str, str], _Group] = {}
+        #: Branches one of this process's waiters is reading the lease record of.
+        self._polling: set[tuple[str, str]] = set()
+        self._next_id = 0
+
+    def acquire(self, repository: str, branch: str, owner: str, me: AttemptIdentity) -> GroupMember:
+        """Join the process's open group of the branch, or take the lease and open one;
+        waits up to the leases' ``wait`` (LeaseBusyError after that).
+
+        Of the process's waiters for one branch, one at a time reads the lease record (every
+        ``POLL_SECONDS``); the others wait for a group they can join to open.
+        """
+        key = (repository, branch)
+        deadline = self._clock() + self._leases.wait.total_seconds()
+        polling = False
+        try:
+            while True:
+                with self._changed:
+                    group = self._groups.get(key)
+                    if group is not None and self._admits(group, me):
+                        return self._join(key, group, me, joined=True)
+                    if not polling and key not in self._polling:
+                        self._polling.add(key)
+                        polling = True
+                    left = deadline - self._clock()
+                    if not polling and left > 0:
+                        self._changed.wait(min(1.0, left))  # until the poller or a group moves
+                        continue
+                try:  # the lease manager's own short wait: its clock decides staleness
+                    lease = self._leases.acquire(
+                        repository,
+                        branch,
+                        owner,
+                        wait=timedelta(seconds=max(0, min(POLL_SECONDS, left))),
+                    )
+                except LeaseBusyError:
+                    if self._clock() >= deadline:
+                        raise
+                    continue
+                with self._changed:
+                    group = _Group(lease, self._clock())
+                    self._groups[key] = group
+                    return self._join(key, group, me, joined=False)
+        finally:
+            with self._changed:
+                if polling:
+                    self._polling.discard(key)
+                self._changed.notify_all()  # the next poller, and the waiters that may join
+
+    def _admits(self, group: _Group, me: AttemptIdentity) -> bool:
+        return (
+            bool(group.members)
+            and group.admitted < self._max_members
+            and self._clock() - group.opened < self._max_seconds
+            and group.lease.manager.time_left(group.lease.grant) > 0
+            and group.conflicts(me) is None
+        )
+
+    def _join(
+        self, key: tuple[str, str], group: _Group, me: AttemptIdentity, *, joined: bool
+    ) -> GroupMember:
+        self._next_id += 1
+        group.members[self._next_id] = me
+        group.admitted += 1
+        if joined:
+            log.info(
+                "branch_lease_joined",
+                fencing_token=group.lease.token,
+                members=len(group.members),
+                admitted=group.admitted,
+            )
+        return GroupMember(self, key, group, self._next_id, joined=joined)
+
+    def _leave(
+        self, member: GroupMember, *, wait: bool, on_error: Callable[[Exception], None]
+    ) -> None:
+        group = member.group
+        with self._changed:
+            group.members.pop(member.id, None)
+            if group.members:
+                log.info(
+                    "branch_lease_left", fencing_token=group.lease.token, members=len(group.members)
+                )
+                return
+            if self._groups.get(member.key) is group:
+                del self._groups[member.key]
+            closed = (
+                group.admitted >= self._max_members
+                or self._clock() - group.opened >= self._max_seconds
+            )
+        if wait:
+            try:
+                group.lease.release()
+            except Exception as e:  # noqa: BLE001 - it expires by itself
+                on_error(e)
+        else:
+            group.lease.release_soon(on_error)
+        log.info(
+            "branch_lease_group_ended", fencing_token=group.lease.token, published=group.admitted
+        )
+        if not closed:
+            # A group closed by its limits lets its process's waiters find the lease free at
+            # their next poll, like other processes' waiters; otherwise they go at once.
+            with self._changed:
+                self._changed.notify_all()
+
+
+class GroupMember:
+    """One publication's share of a branch lease grant (the ``BranchLease`` interface)."""
+
+    def __init__(
+        self, groups: LeaseGroups, key: tuple[str, str], group: _Group, id: int, *, joined: bool
+    ) -> None:
+        self._groups = groups
+        self.key = key
+        self.group = group
+        self.id = id
+        #: It joined a grant another publication took (else it took the lease itself).
+        self.joined = joined
+        self._left = False
+        self._turning = False
+
+    @property
+    def token(self) -> int:
+        return self.group.lease.token
+
+    def refresh(self) -> None:
+        """Renew the shared grant if less than half its ttl is left (one member at a time)."""
+        with self.group.renewing:
+            self.group.lease.refresh()
+
+    def guarded(self, write: Callable[[float], T]) -> T:
+        return self.group.lease.guarded(write)
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """The members' sections from reading the head to the merge or reset, one at a time."""
+        self.group.turnstile.acquire()
+        self._turning = True
+        try:
+            yield
+        finally:
+            self.end_turn()
+
+    def end_turn(self) -> None:
+        """End the turn early: the merge is done, what follows it only reads."""
+        if self._turning:
+            self._turning = False
+            self.group.turnstile.release()
+
+    def release(self) -> None:
+        """Leave the group; the last member to leave releases the grant before returning."""
+        self._leave(wait=True, on_error=_raise)
+
+    def release_soon(self, on_error: Callable[[Exception], None]) -> None:
+        """Leave the group; the last member to leave releases the grant in the background."""
+        self._leave(wait=False, on_error=on_error)
+
+    def _leave(self, *, wait: bool, on_error: Callable[[Exception], None]) -> None:
+        if self._left:
+            return
+        self._left = True
+        self._groups._leave(self, wait=wait, on_error=on_error)
+
+
+def _raise(e: Exception) -> None:
+    raise e

@@ -1,0 +1,223 @@
+"""Group commit: disjoint publications of one process share a branch lease grant."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from perago.adapters.conductor import TaskSnapshot
+from perago.coord import MemoryStore as CoordMemory
+from perago.coord.branch_leases import BranchLeases, HeldLease
+from perago.coord.lease import LeaseManager
+from perago.errors import AttemptFenceError, LeaseBusyError
+from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.publish.group_commit import GroupMember, LeaseGroups
+from perago.testing import MemoryStore
+from perago.workspace import Diff
+from tests.unit.test_fanout import LEFT, RIGHT, WIDE, ident, snap
+
+
+class CountingLeases(BranchLeases):
+    """Branch leases on an in-process store that count the grants they hand out."""
+
+    def __init__(self, wait: float = 5.0) -> None:
+        manager = LeaseManager(CoordMemory(), ttl=timedelta(seconds=30))
+        super().__init__(lambda _repository: manager, wait=timedelta(seconds=wait))
+        self.grants = 0
+
+    def acquire(
+        self, repository: str, branch: str, owner: str, *, wait: timedelta | None = None
+    ) -> HeldLease:
+        lease = super().acquire(repository, branch, owner, wait=wait)
+        self.grants += 1
+        return lease
+
+
+def _acquire_later(groups: LeaseGroups, me: AttemptIdentity) -> tuple[threading.Thread, list]:
+    got: list[GroupMember] = []
+    thread = threading.Thread(target=lambda: got.append(groups.acquire("r", "main", "w", me)))
+    thread.start()
+    return thread, got
+
+
+def test_disjoint_publications_share_one_grant_and_the_last_to_leave_releases_it() -> None:
+    leases = CountingLeases()
+    groups = LeaseGroups(leases)
+    left = groups.acquire("r", "main", "left", LEFT)
+    right = groups.acquire("r", "main", "right", RIGHT)
+    assert not left.joined and right.joined and left.token == right.token
+    assert leases.grants == 1
+    left.release()
+    assert leases.held("r", "main")  # the right publication still reports under it
+    right.release()
+    assert not leases.held("r", "main")
+    left.release()  # leaving twice changes nothing
+    again = groups.acquire("r", "main", "again", LEFT)
+    assert not again.joined and again.token > left.token and leases.grants == 2
+    again.release()
+
+
+@pytest.mark.parametrize(
+    "waiter",
+    [WIDE, ident("whole", None)],
+    ids=["overlapping-scope", "unknown-scope"],
+)
+def test_an_overlapping_publication_waits_for_the_group_to_end(waiter: AttemptIdentity) -> None:
+    groups = LeaseGroups(CountingLeases())
+    left = groups.acquire("r", "main", "left", LEFT)
+    right = groups.acquire("r", "main", "right", RIGHT)
+    thread, got = _acquire_later(groups, waiter)
+    thread.join(0.4)
+    assert thread.is_alive() and got == []
+    left.release()
+    thread.join(0.4)
+    assert thread.is_alive() and got == []  # it overlaps the right publication too
+    right.release()
+    thread.join(5)
+    assert len(got) == 1 and not got[0].joined and got[0].token > left.token
+    got[0].release()
+
+
+def test_another_attempt_of_a_step_joins_only_once_the_earlier_one_left() -> None:
+    """As with a lone lease: the retry's section starts after the earlier attempt's ended
+    (reported or failed), never beside it."""
+    groups = LeaseGroups(CountingLeases())
+    left = groups.acquire("r", "main", "left", LEFT)
+    right = groups.acquire("r", "main", "right", RIGHT)
+    thread, got = _acquire_later(groups, ident("left", "a/l/", retry=1))
+    thread.join(0.4)
+    assert thread.is_alive() and got == []
+    left.release()
+    thread.join(5)
+    assert len(got) == 1 and got[0].joined and got[0].token == right.token
+    right.release()
+    got[0].release()
+
+
+def test_a_waiter_joins_a_group_that_opens_while_it_waits() -> None:
+    leases = CountingLeases()
+    groups = LeaseGroups(leases)
+    wide = groups.acquire("r", "main", "wide", WIDE)
+    thread, got = _acquire_later(groups, LEFT)  # overlaps the wide group: waits
+    other, got_other = _acquire_later(groups, RIGHT)  # so does this one
+    thread.join(0.3)
+    assert thread.is_alive()
+    wide.release()
+    thread.join(5)
+    other.join(5)
+    assert len(got) == len(got_other) == 1
+    assert got[0].token == got_other[0].token and got[0].joined != got_other[0].joined
+    assert leases.grants == 2
+    got[0].release()
+    got_other[0].release()
+
+
+def test_a_group_closes_after_its_limits() -> None:
+    now = [0.0]
+    leases = CountingLeases(wait=0)
+    groups = LeaseGroups(leases, max_members=2, max_seconds=2.0, clock=lambda: now[0])
+    a = groups.acquire("r", "main", "a", ident("a", "x/a/"))
+    b = groups.acquire("r", "main", "b", ident("b", "x/b/"))
+    with pytest.raises(LeaseBusyError):  # full
+        groups.acquire("r", "main", "c", ident("c", "x/c/"))
+    a.release()
+    b.release()
+    c = groups.acquire("r", "main", "c", ident("c", "x/c/"))
+    now[0] = 2.5
+    with pytest.raises(LeaseBusyError):  # too old
+        groups.acquire("r", "main", "d", ident("d", "x/d/"))
+    c.release()
+
+
+def test_members_take_turns_and_a_turn_may_end_early() -> None:
+    groups = LeaseGroups(CountingLeases())
+    left = groups.acquire("r", "main", "left", LEFT)
+    right = groups.acquire("r", "main", "right", RIGHT)
+    entered = threading.Event()
+
+    def other_turn() -> None:
+        with right.turn():
+            entered.set()
+
+    with left.turn():
+        thread = threading.Thread(target=other_turn)
+        thread.start()
+        assert not entered.wait(0.3)
+        left.end_turn()
+        assert entered.wait(5)
+    thread.join(5)
+    with left.turn():  # the early end released the turn exactly once
+        pass
+    left.release()
+    right.release()
+
+
+class _FlippingLedger:
+    """Answers IN_PROGRESS, then (from the second read on) CANCELED for ``cancelled``."""
+
+    def __init__(self, snaps: list[TaskSnapshot], cancelled: str) -> None:
+        self._snaps = {s.task_id: s for s in snaps}
+        self._reads: dict[str, int] = {}
+        self._cancelled = cancelled
+        self._lock = threading.Lock()
+
+    def get_task(self, task_id: str) -> TaskSnapshot | None:
+        with self._lock:
+            self._reads[task_id] = self._reads.get(task_id, 0) + 1
+            if task_id == self._cancelled and self._reads[task_id] > 1:
+                return replace(self._snaps[task_id], status="CANCELED")
+            return self._snaps[task_id]
+
+
+def test_a_fan_out_publishes_through_few_grants_and_a_failing_member_fails_alone(
+    tmp_path: Path,
+) -> None:
+    store = MemoryStore()
+    store.create_repository("r")
+    base = store.branch_head("r", "main")
+    parts = [ident(f"p{i}", f"parts/p={i}/") for i in range(12)]
+    leases = CountingLeases()
+    doomed = parts[5].task_id  # its attempt fence #2 finds the task cancelled
+    publisher = Publisher(
+        store, _FlippingLedger([snap(p) for p in parts], doomed), worker_id="w", leases=leases
+    )
+    start = threading.Barrier(len(parts))
+    results: dict[str, object] = {}
+
+    def publish(me: AttemptIdentity) -> None:
+        ws = tmp_path / me.reference_name
+        ws.mkdir()
+        (ws / "part.txt").write_text(me.reference_name)
+        start.wait()
+        try:
+            publication = publisher.publish(
+                me, WorkspaceTarget("r", "main", base), me.scope or "", ws, Diff(added=("part.txt",))
+            )
+        except AttemptFenceError as e:
+            results[me.task_id] = e
+            return
+        results[me.task_id] = publication.ref
+        publication.release(wait=True)
+
+    threads = [threading.Thread(target=publish, args=(p,)) for p in parts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(results.pop(doomed), AttemptFenceError)
+    tree = store.tree("r", "main")
+    for me in parts:
+        published = f"parts/p={me.reference_name[1:]}/part.txt"
+        assert (published in tree) is (me.task_id != doomed)
+        if me.task_id != doomed:  # its output ref holds its publication
+            assert store.tree("r", str(results[me.task_id]))[published] == me.reference_name.encode()
+    history = store.log("r", "main", amount=20)
+    publications = [c for c in history if c.metadata.get("perago.kind") == "publication"]
+    assert len(publications) == 11
+    assert leases.grants < len(parts)  # the group shared grants
+    assert not leases.held("r", "main")
+    assert store.list_branches("r", prefix="perago-stg-") == []
