@@ -29,7 +29,7 @@ def holds(lease: Lease, me: int) -> bool:
 
 def renew(lease: Lease, me: int) -> Lease | None:
     """A full ttl again, or None (LeaseLostError) if someone took it over."""
-    return Lease(me, False) if lease.holder == me else None
+    return lease._replace(expired=False) if lease.holder == me else None
 
 
 def guard(lease: Lease, me: int) -> str:

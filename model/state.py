@@ -63,6 +63,10 @@ class Lease(NamedTuple):
 
     holder: int = NO_REF
     expired: bool = False
+    #: Group commit (the fan-out model's ``--group``): the attempts sharing the grant, and
+    #: the member whose turn it is from reading the head to the merge or reset.
+    members: int = 0
+    turn: int = NO_REF
 
 
 class Attempt(NamedTuple):

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 from model.explore import Result, explore, explore_parallel
-from model.fanout.config import MECHANISMS, STEPS, FanoutConfig
+from model.fanout.config import GROUP_MECHANISMS, MECHANISMS, STEPS, FanoutConfig
 from model.fanout.report import format_result
 
 #: The default suite: (what it shows, configuration).
@@ -42,9 +42,32 @@ SUITE: tuple[tuple[str, FanoutConfig], ...] = (
         "disjoint pair with crashes after any step (they add no violation, only states)",
         FanoutConfig(steps="AB", retried="A", noop=False, crashes=True, hooks=(False,)),
     ),
+    (
+        "group commit: disjoint pair in one worker process, A retried, no-op bodies, foreign "
+        "writer",
+        FanoutConfig(steps="AB", retried="A", hooks=(False,), group=True),
+    ),
+    (
+        "group commit: overlapping pair in one worker process, A retried, no-op bodies, "
+        "foreign writer, hook off and on",
+        FanoutConfig(steps="AC", retried="A", group=True),
+    ),
+    (
+        "group commit: all three writers in one process, A retried, members crash after any step",
+        FanoutConfig(
+            steps="ABC",
+            retried="A",
+            noop=False,
+            foreign="off",
+            hooks=(False,),
+            group=True,
+            crashes=True,
+        ),
+    ),
 )
 
-#: Smaller runs for ``--drops``: each pair with A retried, everything else on.
+#: Smaller runs for ``--drops``: each pair with A retried, everything else on (and in one
+#: process with group commit, for the group's own mechanisms).
 DROP_SUITE: tuple[FanoutConfig, ...] = (
     FanoutConfig(steps="AB", retried="A", hooks=(False,)),
     FanoutConfig(steps="AC", retried="A", hooks=(False,)),
@@ -70,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-foreign", action="store_true", help="no foreign writer")
     p.add_argument("--hook", action="store_true", help="also explore with the hook installed")
     p.add_argument("--crashes", action="store_true", help="workers may die after any step")
+    p.add_argument(
+        "--group", action="store_true", help="group commit: the attempts share one process"
+    )
     p.add_argument("--first", action="store_true", help="stop at the first violation")
     p.add_argument("--no-traces", action="store_true", help="verdicts only")
     return p
@@ -95,6 +121,7 @@ def _one(args: argparse.Namespace, drops: frozenset[str]) -> FanoutConfig:
             foreign="off" if args.no_foreign else "outside-reset",
             hooks=(False, True) if args.hook else (False,),
             crashes=args.crashes,
+            group=args.group,
             drops=drops,
         )
     except ValueError as e:
@@ -121,7 +148,10 @@ def _drop_table(base: frozenset[str]) -> int:
         baselines = list(pool.map(explore, configs))
         table = []
         for mechanism in MECHANISMS:
-            dropped = [replace(c, drops=base | {mechanism}) for c in configs]
+            runs = configs
+            if mechanism in GROUP_MECHANISMS:  # baselines hold with the group as without
+                runs = [replace(c, group=True) for c in configs]
+            dropped = [replace(c, drops=base | {mechanism}) for c in runs]
             table.append((mechanism, list(pool.map(explore, dropped))))
     for result in baselines:
         print(format_result(result, traces=False))

@@ -11,6 +11,7 @@ from model.fanout.state import DONE, LIVE_TASK, Attempt, State, attempt_name, re
 from model.fanout.tree import (
     FOREIGN,
     FOREIGN_DATA,
+    NO_REF,
     add_commit,
     private_slot,
     reachable,
@@ -107,7 +108,11 @@ def successors(cfg: FanoutConfig, s: State) -> list[Transition]:
         if cfg.crashes:
             crashed = (*s.attempts[:slot], Attempt("done"), *s.attempts[slot + 1 :])
             leases = tuple(
-                held._replace(expired=True) if held.holder == slot else held for held in s.leases
+                held._replace(
+                    expired=held.expired or held.holder == slot,
+                    turn=NO_REF if held.turn == slot else held.turn,
+                )
+                for held in s.leases
             )
             out.append(
                 (slot, "the worker dies", s._replace(attempts=crashed, leases=leases), False)

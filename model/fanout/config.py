@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from model.explore import Spec
 
-__all__ = ["FOREIGN_MODES", "ISOLATION", "MECHANISMS", "STEPS", "FanoutConfig", "overlaps"]
+__all__ = [
+    "FOREIGN_MODES",
+    "GROUP_MECHANISMS",
+    "ISOLATION",
+    "MECHANISMS",
+    "STEPS",
+    "FanoutConfig",
+    "overlaps",
+]
 
 #: The writing steps of the fork: name -> scope (their rendered prefixes).
 STEPS: dict[str, str] = {"A": "a/", "B": "b/", "C": "a/x/"}
@@ -34,7 +42,12 @@ MECHANISMS: dict[str, str] = {
     "fresh-reads": "an unpinned attempt reads its inputs at its input ref, not at the head it "
     "starts from (the code before Fix F7): a retry whose input ref is an earlier attempt's "
     "reads the old input again",
+    "group-scope": "group commit admits any publication into a group, whatever its scope and "
+    "step (an overlapping writer or another attempt of a member's step shares the grant)",
+    "turnstile": "group members read the head, decide and merge or reset without taking turns",
 }
+#: Mechanisms of group commit: ``--drops`` checks them on configurations with ``group``.
+GROUP_MECHANISMS = frozenset({"group-scope", "turnstile"})
 
 FOREIGN_MODES = ("off", "outside-reset")
 #: Isolation of a step's named inputs read from the target branch (issue 25).
@@ -79,6 +92,10 @@ class FanoutConfig:
     #: Isolation of those reads: ``snapshot`` (the publish fence guards the output scope
     #: only) or ``serializable`` (the read-set check at publish time).
     isolation: str = "snapshot"
+    #: Group commit (``perago/publish/group_commit.py``): the attempts run in one worker
+    #: process, and one that finds the lease held by a group it may join (disjoint from
+    #: every member, another step) shares the grant instead of waiting.
+    group: bool = False
 
     def __post_init__(self) -> None:
         unknown = self.drops - MECHANISMS.keys()
@@ -167,6 +184,7 @@ class FanoutConfig:
                 f"foreign writer={self.foreign}",
                 f"hook={hook}",
                 f"no-op bodies={'yes' if self.noop else 'no'}",
+                *(["group commit"] if self.group else []),
                 f"drop={','.join(sorted(self.drops)) or 'nothing'}",
             ]
         )

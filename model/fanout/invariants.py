@@ -186,7 +186,7 @@ def check_transition(cfg: FanoutConfig, before: State, tr: Transition) -> tuple[
         return "I2a", f"{who} moved the branch though it was not current at its fence"
     if cfg.leases:
         held = before.leases[cfg.lease_key(step_of(cfg, actor)[0])]
-        if held.holder != actor:
+        if held.holder != a.grant or not held.members >> actor & 1:
             by = "nobody" if held.holder == NO_REF else attempt_name(cfg, held.holder)
             return "I2b", f"{who} moved the branch without holding its lease (held by {by})"
     return None

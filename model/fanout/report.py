@@ -22,7 +22,14 @@ def summary(cfg: FanoutConfig, s: State) -> str:
     leases = ", ".join(
         "free"
         if held.holder == NO_REF
-        else attempt_name(cfg, held.holder) + (" (run out)" if held.expired else "")
+        else attempt_name(cfg, held.holder)
+        + "".join(
+            f"+{attempt_name(cfg, m)}"
+            for m in range(cfg.slots)
+            if held.members >> m & 1 and m != held.holder
+        )
+        + (f" (turn {attempt_name(cfg, held.turn)})" if held.turn != NO_REF else "")
+        + (" (run out)" if held.expired else "")
         for held in s.leases
     )
     tasks = ", ".join(

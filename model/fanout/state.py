@@ -66,6 +66,8 @@ class Attempt(NamedTuple):
     #: Where it read its inputs: the pinned ref r0, or the head it started from (unpinned;
     #: r0 for a step that reads nothing).
     read_at: int = ROOT
+    #: The grant it holds or shares: the slot of the attempt that acquired it.
+    grant: int = NO_REF
 
 
 class State(NamedTuple):

@@ -77,7 +77,9 @@ def _finish(cfg: FanoutConfig, a: Attempt, status: str, ref: int = NO_REF) -> At
     """Report COMPLETED under the lease then release it; release first for FAILED."""
     report_first = not a.leased or status == COMPLETED
     pc = "report" if report_first else "release"
-    return Attempt(pc, leased=a.leased, status=status, ref=ref, input_ref=a.input_ref)
+    return Attempt(
+        pc, leased=a.leased, status=status, ref=ref, input_ref=a.input_ref, grant=a.grant
+    )
 
 
 def _same_step(cfg: FanoutConfig, a: int, b: int) -> bool:
@@ -206,14 +208,43 @@ def _key(cfg: FanoutConfig, slot: int) -> int:
     return cfg.lease_key(step_of(cfg, slot)[0])
 
 
-def _acquire(cfg: FanoutConfig, s: State, slot: int) -> tuple[tuple[Any, ...], str] | None:
+def _acquire(cfg: FanoutConfig, s: State, slot: int) -> tuple[tuple[Any, ...], str, int] | None:
+    """Take the lease (free or run out), or join the group holding it: (leases, what
+    happened, the grant now held), or None while it must wait."""
     key = _key(cfg, slot)
-    got = lease.acquire(s.leases[key], slot)
+    held = s.leases[key]
+    if cfg.group and _admits(cfg, held, slot):
+        joined = held._replace(members=held.members | 1 << slot)
+        leases = (*s.leases[:key], joined, *s.leases[key + 1 :])
+        return leases, f"joins {_name(cfg, held.holder)}'s branch lease (group commit)", held.holder
+    got = lease.acquire(held, slot)
     if got is None:
         return None
-    takeover = s.leases[key].holder not in (NO_REF, slot)
-    leases = (*s.leases[:key], got, *s.leases[key + 1 :])
-    return leases, "acquires the branch lease" + (" (takeover)" if takeover else "")
+    takeover = held.holder not in (NO_REF, slot)
+    leases = (*s.leases[:key], got._replace(members=1 << slot), *s.leases[key + 1 :])
+    return leases, "acquires the branch lease" + (" (takeover)" if takeover else ""), slot
+
+
+def _admits(cfg: FanoutConfig, held: Any, slot: int) -> bool:
+    """``LeaseGroups._admits``: a live grant whose members are all disjoint other steps."""
+    if held.holder == NO_REF or held.expired or not held.members:
+        return False
+    if not cfg.has("group-scope"):
+        return True
+    scope = cfg.scope(step_of(cfg, slot)[0])
+    for member in range(cfg.slots):
+        if held.members >> member & 1:
+            if _same_step(cfg, member, slot):
+                return False
+            if overlaps(cfg.scope(step_of(cfg, member)[0]), scope):
+                return False
+    return True
+
+
+def _name(cfg: FanoutConfig, slot: int) -> str:
+    from model.fanout.state import attempt_name
+
+    return attempt_name(cfg, slot)
 
 
 def _set_lease(cfg: FanoutConfig, s: State, slot: int, value: Any) -> tuple[Any, ...]:
@@ -224,12 +255,12 @@ def _set_lease(cfg: FanoutConfig, s: State, slot: int, value: Any) -> tuple[Any,
 def _stage(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
     """Staging branch from the input ref, uploads, scope markers, the lease, the staged
     commit (the input ref's tree with the step's scope replaced by this attempt's files)."""
-    leases, label = s.leases, "stages"
+    leases, label, grant = s.leases, "stages", NO_REF
     if cfg.leases:
         got = _acquire(cfg, s, slot)
         if got is None:
             return []
-        leases, label = got[0], got[1] + "; stages"
+        leases, label, grant = got[0], got[1] + "; stages", got[2]
     base = s.commits[a.input_ref]
     assert base is not None
     markers = list(base.markers)
@@ -254,11 +285,14 @@ def _stage(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
         input_ref=a.input_ref,
     )
     label += f"; commits {ref_name(cfg, staged)} on {ref_name(cfg, a.input_ref)}"
-    nxt = a._replace(pc="fence2", leased=cfg.leases, source=staged)
+    nxt = a._replace(pc="fence2", leased=cfg.leases, source=staged, grant=grant)
     return [(slot, label, _put(s, slot, nxt, commits=commits, leases=leases), False)]
 
 
 def _publish_fence(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    s = _take_turn(cfg, s, slot, a)
+    if s is None:
+        return []
     d = decide(cfg, s, slot, s.head, a.input_ref)
     label = f"publish fence: head {ref_name(cfg, s.head)} -> {d}"
     refused = _read_set(cfg, s, slot, a) if d in (FIRST, BESIDE, REPLACE, SCOPED) else None
@@ -335,7 +369,7 @@ def _scoped(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transiti
 
 
 def _merge_refresh(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    renewed = lease.renew(s.leases[_key(cfg, slot)], slot)
+    renewed = lease.renew(s.leases[_key(cfg, slot)], a.grant)
     if renewed is None:
         label = "refreshes the lease before merging: taken over (LeaseLostError)"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
@@ -352,7 +386,7 @@ def _post_check_passes(cfg: FanoutConfig, s: State, slot: int, under: int, seen:
 
 
 def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    why = lease.guard(s.leases[_key(cfg, slot)], slot) if cfg.leases else ""
+    why = lease.guard(s.leases[_key(cfg, slot)], a.grant) if cfg.leases else ""
     if why:
         label = f"guarded merge refused: {why}"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
@@ -415,7 +449,7 @@ def _refence(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transit
 
 
 def _merge_recheck(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    if not lease.holds(s.leases[_key(cfg, slot)], slot):
+    if not lease.holds(s.leases[_key(cfg, slot)], a.grant):
         label = "re-checks the lease after the merge: lost (LeaseLostError)"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
     nxt = _finish(cfg, a, COMPLETED, a.ref)
@@ -426,11 +460,14 @@ def _noop_lease(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Tran
     got = _acquire(cfg, s, slot)
     if got is None:
         return []
-    nxt = a._replace(pc="noop_fence", leased=True)
+    nxt = a._replace(pc="noop_fence", leased=True, grant=got[2])
     return [(slot, "no-op: " + got[1], _put(s, slot, nxt, leases=got[0]), False)]
 
 
 def _noop_decide(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    s = _take_turn(cfg, s, slot, a)
+    if s is None:
+        return []
     d = decide(cfg, s, slot, s.head, a.input_ref)
     head, input_ref = ref_name(cfg, s.head), ref_name(cfg, a.input_ref)
     refused = _read_set(cfg, s, slot, a) if d in (FIRST, BESIDE, REPLACE, SCOPED) else None
@@ -466,7 +503,7 @@ def _tag(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]
 
 
 def _refresh(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    renewed = lease.renew(s.leases[_key(cfg, slot)], slot)
+    renewed = lease.renew(s.leases[_key(cfg, slot)], a.grant)
     if renewed is None:
         label = "refreshes the lease: taken over (LeaseLostError)"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
@@ -477,7 +514,7 @@ def _refresh(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transit
 def _reset(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
     to = a.input_ref if a.empty else a.source
     if cfg.leases:
-        why = lease.guard(s.leases[_key(cfg, slot)], slot)
+        why = lease.guard(s.leases[_key(cfg, slot)], a.grant)
         if why:
             label = f"guarded hard reset refused: {why}"
             return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
@@ -491,7 +528,7 @@ def _reset(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
 
 
 def _recheck(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    if not lease.holds(s.leases[_key(cfg, slot)], slot):
+    if not lease.holds(s.leases[_key(cfg, slot)], a.grant):
         label = "re-checks the lease after the reset: lost (LeaseLostError)"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
     nxt = _finish(cfg, a, COMPLETED, a.input_ref) if a.empty else a._replace(pc="verify")
@@ -507,11 +544,18 @@ def _verify(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transiti
 
 
 def _release(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
+    """Release the lease; a group member leaves the group, and the last one releases it."""
     key = _key(cfg, slot)
-    released = lease.release(s.leases[key], slot)
-    label = (
-        "releases the lease" if released != s.leases[key] else "releases the lease (no longer its)"
-    )
+    held = s.leases[key]
+    if held.holder != a.grant:
+        label = "releases the lease (no longer its)"
+        released = held
+    elif held.members & ~(1 << slot):
+        label = "leaves the group (the lease stays with the other members)"
+        released = held._replace(members=held.members & ~(1 << slot))
+    else:
+        label = "releases the lease"
+        released = lease.release(held, a.grant)
     nxt = Attempt("done") if a.status == REPORTED else a._replace(pc="report")
     return [(slot, label, _put(s, slot, nxt, leases=_set_lease(cfg, s, slot, released)), False)]
 
@@ -521,14 +565,52 @@ def _report(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transiti
 
     label = ""
     under_lease = cfg.leases and a.leased and a.status == COMPLETED
-    if under_lease and lease.guard(s.leases[_key(cfg, slot)], slot):
-        label = f"guarded report refused ({lease.guard(s.leases[_key(cfg, slot)], slot)}); "
+    why = lease.guard(s.leases[_key(cfg, slot)], a.grant) if under_lease else ""
+    if why:
+        label = f"guarded report refused ({why}); "
         a = a._replace(status=FAILED, ref=NO_REF)
     reported, effective = conductor.report(cfg, s, slot, a.status, a.ref, a.input_ref)
     what = a.status + (f" with output {ref_name(cfg, a.ref)}" if a.status == COMPLETED else "")
     label += f"reports {what} ({'effective' if effective else 'ignored: the task is terminal'})"
     nxt = a._replace(pc="release", status=REPORTED) if under_lease else Attempt("done")
     return [(slot, label, _put(reported, slot, nxt), False)]
+
+
+#: Where a group member holds its turn (taken with the head read at the publish fence or
+#: the no-op decision): until the merge returns, or through a reset and its checks.
+TURN_PCS = frozenset(
+    {"scoped", "merge_refresh", "merge", "refence", "reread", "tag", "refresh", "reset"}
+    | {"recheck", "verify"}
+)
+
+
+def _take_turn(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> State | None:
+    """``GroupMember.turn``: wait while another member of the grant has its turn. A member
+    whose grant was taken over is not held back (its group's turnstile is not modelled:
+    more interleavings, and its writes fail their lease guard anyway)."""
+    if not (cfg.group and cfg.leases and cfg.has("turnstile") and a.leased):
+        return s
+    key = _key(cfg, slot)
+    held = s.leases[key]
+    if held.holder != a.grant:
+        return s
+    if held.turn not in (NO_REF, slot):
+        return None
+    return s._replace(leases=_set_lease(cfg, s, slot, held._replace(turn=slot)))
+
+
+def _end_turn(cfg: FanoutConfig, slot: int, tr: Transition) -> Transition:
+    actor, label, nxt, moved = tr
+    after = nxt.attempts[slot]
+    held = nxt.leases[_key(cfg, slot)]
+    if held.turn != slot or (after is not None and after.pc in TURN_PCS):
+        return tr
+    return (
+        actor,
+        label,
+        nxt._replace(leases=_set_lease(cfg, nxt, slot, held._replace(turn=NO_REF))),
+        moved,
+    )
 
 
 Step = Callable[[FanoutConfig, State, int, Attempt], list[Transition]]
@@ -563,4 +645,5 @@ STEP_NAMES = frozenset(_STEPS) | {"done"}
 def steps(cfg: FanoutConfig, s: State, slot: int) -> list[Transition]:
     a = s.attempts[slot]
     assert a is not None
-    return _STEPS[a.pc](cfg, s, slot, a)
+    out = _STEPS[a.pc](cfg, s, slot, a)
+    return [_end_turn(cfg, slot, tr) for tr in out] if cfg.group else out

@@ -195,7 +195,11 @@ def test_a_fan_out_publishes_through_few_grants_and_a_failing_member_fails_alone
         start.wait()
         try:
             publication = publisher.publish(
-                me, WorkspaceTarget("r", "main", base), me.scope or "", ws, Diff(added=("part.txt",))
+                me,
+                WorkspaceTarget("r", "main", base),
+                me.scope or "",
+                ws,
+                Diff(added=("part.txt",)),
             )
         except AttemptFenceError as e:
             results[me.task_id] = e
@@ -214,7 +218,9 @@ def test_a_fan_out_publishes_through_few_grants_and_a_failing_member_fails_alone
         published = f"parts/p={me.reference_name[1:]}/part.txt"
         assert (published in tree) is (me.task_id != doomed)
         if me.task_id != doomed:  # its output ref holds its publication
-            assert store.tree("r", str(results[me.task_id]))[published] == me.reference_name.encode()
+            assert (
+                store.tree("r", str(results[me.task_id]))[published] == me.reference_name.encode()
+            )
     history = store.log("r", "main", amount=20)
     publications = [c for c in history if c.metadata.get("perago.kind") == "publication"]
     assert len(publications) == 11

@@ -16,6 +16,9 @@ from model.fanout.tree import ABSENT, INTENT, NO_REF, Commit, claim, revert, thr
 DISJOINT = FanoutConfig(steps="AB", retried="A", noop=False, foreign="off", hooks=(False,))
 #: An overlapping pair: A (a/) and C (a/x/), A retried.
 OVERLAPPING = FanoutConfig(steps="AC", retried="A", noop=False, foreign="off", hooks=(False,))
+#: Group commit: the same pairs in one worker process, sharing lease grants.
+GROUP_DISJOINT = FanoutConfig(**{**DISJOINT.__dict__, "group": True})
+GROUP_OVERLAPPING = FanoutConfig(**{**OVERLAPPING.__dict__, "group": True, "noop": True})
 
 
 def _violated(cfg: FanoutConfig, *drops: str) -> set[str]:
@@ -38,9 +41,22 @@ def test_an_overlapping_fork_as_coded_holds() -> None:
     assert result.states > 20_000 and result.terminal > 0
 
 
+def test_group_commit_as_coded_holds() -> None:
+    """(That members do join is shown by the group's drops below: their traces join.)"""
+    for cfg in (GROUP_DISJOINT, GROUP_OVERLAPPING):
+        result = explore(cfg)
+        assert result.ok, [v.message for v in result.violations]
+        assert result.terminal > 0 and {"reset", "merge", "verify"} <= result.pcs
+
+
 @pytest.mark.parametrize(
     ("cfg", "drops", "invariant"),
     [
+        # Group commit: without turns, a member's hard reset drops a sibling member's merge.
+        (GROUP_DISJOINT, ("turnstile",), "F5"),
+        # Admitting another attempt of a member's step: a no-op retry completes on r0 while
+        # its timed-out first attempt, sharing the grant, merges after it.
+        (GROUP_OVERLAPPING, ("group-scope",), "F2"),
         # Without the branch lease a retry's hard reset drops a sibling's publication.
         (DISJOINT, ("lease",), "F5"),
         # A lease per scope is no better: the reset and the sibling's merge do not meet.
