@@ -23,17 +23,18 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, fanout_workflow, resolve_stack
+from benchmarks.common import ROOT, fanout_workflow, percentile, resolve_stack
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, register
 from perago.config import load
 from perago.errors import StoreError
 
-TASK = "bench_scale_part"
+TASK, READ_TASK = "bench_scale_part", "bench_scale_read"
 WORKERS, CONCURRENCY, BASELINE_THREADS = 2, 8, 16
 FILES, SIZE = 5, 1024
 
@@ -52,21 +53,23 @@ def _wait(conductor: ConductorClient, wid: str, timeout: float) -> dict[str, Any
     raise SystemExit(f"workflow {wid} did not finish within {timeout:.0f} s")
 
 
-def _perago(conductor: ConductorClient, store: LakeFSStore, flow: str, parts: int) -> float:
+def _perago(
+    conductor: ConductorClient, store: LakeFSStore, flow: str, parts: int, task: str = TASK
+) -> tuple[float, str]:
+    """(wall time, workflow id) of a fan-out of ``parts`` ``task`` steps on a fresh repository."""
     repo = f"bench-scale-{parts}-{uuid.uuid4().hex[:6]}"
     store.create_repository(repo)
     ws = {"repository": repo, "branch": "main", "ref": store.branch_head(repo, "main")}
-    tasks = [{"name": TASK, "taskReferenceName": f"p{i}", "type": "SIMPLE"} for i in range(parts)]
+    tasks = [{"name": task, "taskReferenceName": f"p{i}", "type": "SIMPLE"} for i in range(parts)]
     inputs = {f"p{i}": {"workspace": ws, "params": {"part": str(i)}} for i in range(parts)}
     wid = conductor.start_workflow(flow, {"workspace": ws, "tasks": tasks, "inputs": inputs})
     wf = _wait(conductor, wid, timeout=60 + parts * 2.0)
-    published = sum(
-        c.metadata.get("perago.kind") == "publication"
-        for c in store.log(repo, "main", amount=parts + 10)
-    )
-    if published != parts:
-        raise SystemExit(f"{repo}: {published} publications on main, expected {parts}")
-    return (int(wf["endTime"]) - int(wf["startTime"])) / 1000
+    if task == TASK:
+        log = store.log(repo, "main", amount=parts + 10)
+        published = sum(c.metadata.get("perago.kind") == "publication" for c in log)
+        if published != parts:
+            raise SystemExit(f"{repo}: {published} publications on main, expected {parts}")
+    return (int(wf["endTime"]) - int(wf["startTime"])) / 1000, wid
 
 
 def _alone(store: LakeFSStore, parts: int) -> float:
@@ -97,17 +100,35 @@ def _alone(store: LakeFSStore, parts: int) -> float:
     return time.monotonic() - started
 
 
-def _lease_counts(logs: list[Path], since: float) -> tuple[int, int]:
-    acquired = joined = 0
+def _events(logs: list[Path], workflow_id: str) -> list[dict[str, Any]]:
+    out = []
     for log in logs:
         for line in log.read_text().splitlines():
             try:
                 e = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            acquired += e.get("event") == "branch_lease_acquired"
-            joined += e.get("event") == "branch_lease_joined"
-    return acquired, joined
+            if e.get("workflow_id") == workflow_id:
+                out.append(e)
+    return out
+
+
+def _figures(logs: list[Path], workflow_id: str) -> tuple[int, int, list[float], int]:
+    """(lease grants taken, joined, publication latencies diffed -> published, retries)."""
+    acquired = joined = retried = 0
+    started: dict[str, datetime] = {}
+    latencies = []
+    for e in _events(logs, workflow_id):
+        event = e.get("event")
+        acquired += event == "branch_lease_acquired"
+        joined += event == "branch_lease_joined"
+        retried += event == "attempt_finished" and e.get("retry_count", 0) > 0
+        at = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00"))
+        if event == "diffed":
+            started[e["task_id"]] = at
+        elif event == "published" and e["task_id"] in started:
+            latencies.append((at - started.pop(e["task_id"])).total_seconds())
+    return acquired, joined, sorted(latencies), retried
 
 
 def main(argv: list[str]) -> int:
@@ -140,11 +161,10 @@ def main(argv: list[str]) -> int:
     rows = []
     try:
         for parts in sizes:
-            before = _lease_counts(logs, 0)
-            wall = _perago(conductor, store, flow, parts)
-            after = _lease_counts(logs, 0)
+            floor, _ = _perago(conductor, store, flow, parts, READ_TASK)
+            wall, wid = _perago(conductor, store, flow, parts)
             alone = _alone(store, parts)
-            rows.append((parts, wall, alone, after[0] - before[0], after[1] - before[1]))
+            rows.append((parts, wall, alone, floor, wid))
     finally:
         for w in workers:
             w.terminate()
@@ -153,16 +173,19 @@ def main(argv: list[str]) -> int:
     print(
         f"(l) fan-out at scale: {WORKERS} workers x --concurrency {CONCURRENCY}, each partition "
         f"{FILES} x {SIZE // 1024} KiB; lakeFS alone: the same publications "
-        f"{BASELINE_THREADS} at a time"
+        f"{BASELINE_THREADS} at a time; read-only: the same fan-out publishing nothing"
     )
     print(
-        "  partitions | Perago wall | lakeFS alone | ratio | publications/s | "
-        "lease acquired / joined"
+        "  partitions | Perago wall | lakeFS alone | ratio | read-only | publications/s | "
+        "latency p50 / p99 | lease taken / joined | retried"
     )
-    for parts, wall, alone, acquired, joined in rows:
+    for parts, wall, alone, floor, wid in rows:
+        acquired, joined, lat, retried = _figures(logs, wid)
+        p50, p99 = percentile(lat, 50), percentile(lat, 99)
         print(
             f"  {parts:10d} | {wall:9.1f} s | {alone:10.1f} s | {wall / alone:4.1f}x | "
-            f"{parts / wall:14.1f} | {acquired} / {joined}"
+            f"{floor:7.1f} s | {parts / wall:14.1f} | {p50:6.2f} / {p99:5.2f} s    | "
+            f"{acquired:>10} / {joined:<6}   | {retried}"
         )
     print(f"  worker logs: {', '.join(str(p) for p in logs)}")
     return 0

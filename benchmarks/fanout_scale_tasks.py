@@ -27,3 +27,13 @@ def bench_scale_part(workspace: Path, params: Part) -> Written:
     for i in range(FILES):
         (workspace / f"f{i}.bin").write_bytes(os.urandom(SIZE))
     return Written(files=FILES)
+
+
+@task(
+    "bench_scale_read",
+    workspace=WorkspaceSpec(prefix="parts/p={part}/", read_only=True),
+    retry_count=0,
+)
+def bench_scale_read(workspace: Path, params: Part) -> Written:
+    """The same fan-out publishing nothing: what Conductor and the workers cost alone."""
+    return Written(files=0)

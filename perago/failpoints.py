@@ -1,7 +1,8 @@
 """Named step boundaries where crash tests kill, pause or fail a worker on purpose.
 
 Enabled by ``PERAGO_FAILPOINTS="after_publish=kill,after_stage=pause:30,after_body=error"``,
-read once when the worker starts. ``stop`` sends the worker SIGSTOP, freezing every thread
+read once when the worker starts; ``after_publish=kill@4`` acts on the process's fourth
+arrival there (the earlier ones pass), to strike while several attempts are in flight. ``stop`` sends the worker SIGSTOP, freezing every thread
 (Conductor lease extension included) until the test sends SIGCONT. When unset, :func:`hit`
 is a dict lookup on an empty dict.
 """
@@ -26,12 +27,18 @@ POINTS = tuple(b.value for b in Boundary)
 
 log = structlog.get_logger("perago.failpoints")
 _active: dict[str, str] = {}
+#: Arrivals at each failpoint with an ``@N`` count, in this process.
+_arrivals: dict[str, int] = {}
+_arrivals_lock = threading.Lock()
 
 
 def parse(spec: str) -> dict[str, str]:
     actions: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, action = item.partition("=")
+        action, _, nth = action.partition("@")
+        if nth and (not nth.isdigit() or int(nth) < 1):
+            raise ConfigError(f"failpoint {name}: @{nth} must be a count of arrivals >= 1")
         if name not in POINTS:
             raise ConfigError(f"unknown failpoint {name!r} in PERAGO_FAILPOINTS; known: {POINTS}")
         if action not in ("kill", "stop", "error") and not action.startswith("pause:"):
@@ -45,7 +52,7 @@ def parse(spec: str) -> dict[str, str]:
                 raise ConfigError(
                     f"failpoint {name}: {action!r} needs a number of seconds"
                 ) from None
-        actions[name] = action
+        actions[name] = f"{action}@{nth}" if nth else action
     return actions
 
 
@@ -53,6 +60,7 @@ def configure(env: Mapping[str, str] | None = None) -> None:
     """(Re)read ``PERAGO_FAILPOINTS``; called by the worker at start-up."""
     source = os.environ if env is None else env
     _active.clear()
+    _arrivals.clear()
     _active.update(parse(source.get("PERAGO_FAILPOINTS", "")))
     if _active:
         log.warning("failpoints_enabled", failpoints=dict(_active))
@@ -62,6 +70,12 @@ def hit(name: str) -> None:
     action = _active.get(name)
     if action is None:
         return
+    action, _, nth = action.partition("@")
+    if nth:
+        with _arrivals_lock:
+            _arrivals[name] = _arrivals.get(name, 0) + 1
+            if _arrivals[name] != int(nth):
+                return
     log.warning("failpoint_hit", failpoint=name, action=action)
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -287,6 +287,7 @@ class Publisher:
         **counts: int,
     ) -> Publication:
         """Under the branch lease: the staged commit, attempt fence 2, publish fence, Confirm."""
+        self._upload_markers(me, target, branch)
         with self._branch_lease(me, target, early) as lease:
             staged = self._commit_staging(me, target, branch, lease, **counts)
             steps.reached(Boundary.AFTER_STAGE)
@@ -354,14 +355,6 @@ class Publisher:
         """Commit the staging branch: the commit that a replacement publication installs."""
         repo = target.repository
         token = {} if lease is None else {"fencing_token": str(lease.token)}
-        # The scope markers make two overlapping publications from one input ref conflict in
-        # lakeFS's atomic 3-way merge, so the store itself rejects the second, while disjoint
-        # ones merge cleanly (perago.publish.scope, docs/protocol.md).
-        claim = json.dumps(
-            {**me.metadata(target.input_ref), "perago.kind": "publication-marker"}, sort_keys=True
-        ).encode()
-        for path, data in scope_markers(target.input_ref, me.scope or "", claim).items():
-            self._store.upload_bytes(repo, branch, path, data)
         commit = self._store.commit(
             repo,
             branch,
@@ -378,6 +371,22 @@ class Publisher:
             )
         log.info("staged", staging_branch=branch, staging_commit=commit.id, **counts)
         return StagedReference(repo, branch, commit.id)
+
+    def _upload_markers(self, me: AttemptIdentity, target: WorkspaceTarget, branch: str) -> None:
+        """The scope markers make two overlapping publications from one input ref conflict
+        in lakeFS's atomic 3-way merge, so the store itself rejects the second, while disjoint
+        ones merge cleanly (perago.publish.scope, docs/protocol.md). Uploaded at once, before
+        the branch lease: the staging branch is this attempt's alone."""
+        claim = json.dumps(
+            {**me.metadata(target.input_ref), "perago.kind": "publication-marker"}, sort_keys=True
+        ).encode()
+        markers = scope_markers(target.input_ref, me.scope or "", claim)
+        with ThreadPoolExecutor(len(markers), thread_name_prefix="perago-marker") as pool:
+            for done in [
+                pool.submit(self._store.upload_bytes, target.repository, branch, path, data)
+                for path, data in markers.items()
+            ]:
+                done.result()
 
     # -- Confirm -----------------------------------------------------------------------------
 

@@ -150,7 +150,8 @@ def start(
 def wait_workflow(
     conductor: ConductorClient, workflow_id: str, *, timeout: float = 120, nudge: bool = False
 ) -> dict[str, Any]:
-    """Poll until the workflow ends; ``nudge`` asks Conductor to decide it every 2 s.
+    """Poll until the workflow ends; ``nudge`` asks Conductor to decide it (and its running
+    sub-workflows) every 2 s.
 
     Conductor's embedded queue re-checks a timed-out task only every ~60 s; a decide call
     makes it notice the response timeout now, as a busy production sweeper would.
@@ -167,6 +168,9 @@ def wait_workflow(
             )
         if nudge and time.monotonic() - nudged > 2:
             decide_now(conductor, workflow_id)
+            for t in wf.get("tasks", []):  # and its running sub-workflows
+                if t.get("subWorkflowId") and t.get("status") == "IN_PROGRESS":
+                    decide_now(conductor, t["subWorkflowId"])
             nudged = time.monotonic()
         time.sleep(0.3)
 

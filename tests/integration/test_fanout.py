@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
 import signal
 from collections.abc import Callable
 from datetime import datetime
@@ -199,18 +200,16 @@ def test_dynamic_fork_over_8_partitions_with_2_workers(
     assert_clean(store, repo, env, {f"day_{d}" for d in days})
 
 
-def test_partitions_failing_at_once_keep_their_retries_inside_sub_workflows(
-    env: dict[str, str],
+def _start_sub_workflow_fan_out(
     conductor: ConductorClient,
     store: LakeFSStore,
     repo: str,
     unique: str,
-    tmp_path: Path,
-) -> None:
-    """Conductor 3.32's JOIN may read a forked task's FAILED attempt before its retry exists
-    and fail the workflow (the retries end CANCELED; docs/protocol.md, "Retries inside a
-    fan-out"). Each partition wrapped in a SUB_WORKFLOW retries inside its child, which has
-    no JOIN: 4 of 8 partitions failing their first attempt at once, and it completes."""
+    params: dict[str, dict[str, Any]],
+) -> str:
+    """A DYNAMIC_FORK of one SUB_WORKFLOW per entry of ``params`` (its reference name ->
+    the `pt_part` params), each child one `pt_part` step from the same pinned input ref;
+    retries happen inside the children (docs/protocol.md, "Retries inside a fan-out")."""
     child = f"pt_one_part_{unique}"
     one = simple_task(f"pt_part_{unique}", "part", PINNED, {})
     one["inputParameters"]["params"] = "${workflow.input.params}"
@@ -237,23 +236,36 @@ def test_partitions_failing_at_once_keep_their_retries_inside_sub_workflows(
         dynamic_fork("${workflow.input.dynamicTasks}", "${workflow.input.dynamicTasksInput}"),
     )
     workspace = {"repository": repo, "branch": "main", "ref": store.branch_head(repo, "main")}
-    days = [f"d{i}" for i in range(8)]
     tasks = [
         {
             "name": child,
-            "taskReferenceName": f"day_{d}",
+            "taskReferenceName": ref,
             "type": "SUB_WORKFLOW",
             "subWorkflowParam": {"name": child, "version": 1},
         }
-        for d in days
+        for ref in params
     ]
-    inputs = {
-        f"day_{d}": {"workspace": workspace, "params": {"part": d, "fail_first": i % 2 == 0}}
-        for i, d in enumerate(days)
-    }
-    wid = conductor.start_workflow(
+    inputs = {ref: {"workspace": workspace, "params": p} for ref, p in params.items()}
+    return conductor.start_workflow(
         name, {"workspace": workspace, "dynamicTasks": tasks, "dynamicTasksInput": inputs}
     )
+
+
+def test_partitions_failing_at_once_keep_their_retries_inside_sub_workflows(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Conductor 3.32's JOIN may read a forked task's FAILED attempt before its retry exists
+    and fail the workflow (the retries end CANCELED; docs/protocol.md, "Retries inside a
+    fan-out"). Each partition wrapped in a SUB_WORKFLOW retries inside its child, which has
+    no JOIN: 4 of 8 partitions failing their first attempt at once, and it completes."""
+    days = [f"d{i}" for i in range(8)]
+    params = {f"day_{d}": {"part": d, "fail_first": i % 2 == 0} for i, d in enumerate(days)}
+    wid = _start_sub_workflow_fan_out(conductor, store, repo, unique, params)
     with worker(env, tmp_path / "w.log", concurrency=4):
         wf = wait_workflow(conductor, wid, timeout=240)
     assert wf["status"] == "COMPLETED", [
@@ -445,6 +457,61 @@ def test_a_worker_killed_at_a_failpoint_while_a_fork_is_in_flight(
         assert out in {c.id for c in pubs}
     assert text(store, repo, "parts/p=a/rows.csv").startswith("a,0")
     assert text(store, repo, "parts/p=b/rows.csv").startswith("b,0")
+    assert held_leases(store, repo) == []
+    done = perago_cli(["janitor", "--repository", repo], env)
+    assert done.returncode == 0, done.stderr
+    assert staging_branches(store, repo) == []
+
+
+#: Group commit under kills: the fan-out's width and the failpoints. `make soak` widens
+#: both (64 partitions, every failpoint); `make test` kills at two.
+GROUP_KILL_WIDTH = int(os.environ.get("PERAGO_GROUP_KILL_WIDTH", "8"))
+GROUP_KILL_POINTS = (
+    KILL_POINTS
+    if os.environ.get("PERAGO_GROUP_KILL_POINTS") == "all"
+    else ("after_publish_fence", "after_publish")
+)
+
+
+@pytest.mark.parametrize("point", GROUP_KILL_POINTS)
+def test_a_worker_killed_while_a_publication_group_is_in_flight(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+    point: str,
+) -> None:
+    """One worker runs every partition of a wide fan-out at once, so its publications share
+    lease grants (group commit), and dies (SIGKILL) when the middle one of them reaches
+    ``point``: the group's grant holder and its members die together, some published, some
+    reporting, some waiting for their turn. A fresh worker finishes: every partition
+    completes, exactly one publication of each is in effect, nothing is lost, no lease is
+    held and the janitor leaves no staging branch."""
+    n = GROUP_KILL_WIDTH
+    params = {f"p{i}": {"part": f"g{i}"} for i in range(n)}
+    wid = _start_sub_workflow_fan_out(conductor, store, repo, unique, params)
+    killing = {**env, "PERAGO_FAILPOINTS": f"{point}=kill@{n // 2}"}
+    with worker(killing, tmp_path / "k.log", concurrency=n) as w:
+        assert w.wait_killed(conductor, wid) == -signal.SIGKILL
+        joined = [e for e in w.events() if e.get("event") == "branch_lease_joined"]
+    assert joined, "no publication joined a group before the kill: nothing was tested"
+    with worker(env, tmp_path / "w.log", concurrency=n):
+        wf = wait_workflow(conductor, wid, timeout=300, nudge=True)
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    pubs = publications(store, repo)
+    replaced = {r for c in pubs for r in (c.metadata.get("perago.replaces") or "").split(",") if r}
+    in_effect = sorted(c.metadata["perago.scope"] for c in pubs if c.id not in replaced)
+    assert in_effect == sorted(f"parts/p=g{i}/" for i in range(n)), in_effect
+    assert replaced <= {c.id for c in pubs}  # a replaced publication stays in the history
+    for ref in params:
+        (sub,) = attempts(wf, ref)
+        child = conductor.get_workflow(sub["subWorkflowId"])
+        out = attempts(child, "part")[-1]["outputData"]["workspace"]["ref"]
+        assert out in {c.id for c in pubs}
+    for i in range(n):
+        assert text(store, repo, f"parts/p=g{i}/rows.csv").startswith(f"g{i},0")
     assert held_leases(store, repo) == []
     done = perago_cli(["janitor", "--repository", repo], env)
     assert done.returncode == 0, done.stderr

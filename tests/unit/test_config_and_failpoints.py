@@ -49,6 +49,25 @@ def test_failpoint_spec_parsing() -> None:
             failpoints.parse(bad)
 
 
+def test_a_counted_failpoint_acts_on_its_nth_arrival_only() -> None:
+    assert failpoints.parse("after_lease=error@3") == {"after_lease": "error@3"}
+    for bad in ["after_lease=error@0", "after_lease=error@x", "after_lease=error@"]:
+        if bad.endswith("@"):
+            assert failpoints.parse(bad) == {"after_lease": "error"}
+            continue
+        with pytest.raises(ConfigError, match="count of arrivals"):
+            failpoints.parse(bad)
+    failpoints.configure(env={"PERAGO_FAILPOINTS": "after_lease=error@3"})
+    try:
+        failpoints.hit("after_lease")
+        failpoints.hit("after_lease")
+        with pytest.raises(failpoints.FailpointError):
+            failpoints.hit("after_lease")
+        failpoints.hit("after_lease")  # only the third
+    finally:
+        failpoints.configure(env={})
+
+
 def test_error_failpoint_raises_and_unset_is_a_no_op() -> None:
     failpoints.configure(env={})
     failpoints.hit("after_body")
