@@ -116,7 +116,7 @@ def _steps(conductor: ConductorClient, workflow_id: str) -> tuple[str, list[dict
     for t in wf.get("tasks", []):
         if t.get("taskType") == "SUB_WORKFLOW" and t.get("subWorkflowId"):
             tasks.extend(_steps(conductor, t["subWorkflowId"])[1])
-        elif t.get("taskType") in ("chaos_write", "chaos_read"):
+        elif t.get("taskType") in ("chaos_write", "chaos_read", "chaos_part"):
             tasks.append(t)
     return str(wf.get("status")), tasks
 
@@ -158,7 +158,7 @@ def audit(
             if last["status"] != "COMPLETED":
                 continue
             f.step_seconds.append((last["endTime"] - attempts[0]["scheduledTime"]) / 1000)
-            if last["taskType"] != "chaos_write":
+            if last["taskType"] not in ("chaos_write", "chaos_part"):
                 continue
             reported.add((wid, ref))
             out = (last.get("outputData") or {}).get("workspace", {}).get("ref", "")
@@ -171,9 +171,16 @@ def audit(
             ):
                 f.lost_publications.append(f"{run.repository}/{run.branch} {wid} {ref} -> {out}")
         keys: Counter[tuple[str, str, str]] = Counter()
+        # A scoped replacement (a retry inside a fan-out) names what it supersedes.
+        replaced = {
+            r
+            for c in history
+            for r in ((c.get("metadata") or {}).get("perago.replaces") or "").split(",")
+            if r
+        }
         for c in history:
             meta = c.get("metadata") or {}
-            if meta.get("perago.kind") in _PUBLICATION_KINDS:
+            if meta.get("perago.kind") in _PUBLICATION_KINDS and c["id"] not in replaced:
                 f.publications += 1
                 key = (
                     meta["perago.workflow_id"],

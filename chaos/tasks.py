@@ -1,4 +1,5 @@
-"""The tasks of the chaos run: a writer that can fail on purpose, and a reader."""
+"""The tasks of the chaos run: a writer that can fail on purpose, a fan-out partition writer,
+and a reader."""
 
 from __future__ import annotations
 
@@ -47,6 +48,29 @@ def write(workspace: Path, params: WriteParams) -> WriteResult:
     previous = log.read_text() if log.exists() else ""
     log.write_text(previous + f"{attempt.workflow_id} {attempt.reference_name}\n")
     return WriteResult(path=name)
+
+
+class PartParams(BaseModel):
+    part: str
+    sleep: float = 0.0
+    fail_first: bool = False
+
+
+@task(
+    "chaos_part",
+    workspace=WorkspaceSpec(prefix="parts/p={part}/"),
+    retry_count=4,
+    retry_delay=timedelta(seconds=1),
+    response_timeout=RESPONSE_TIMEOUT,
+)
+def part(workspace: Path, params: PartParams) -> WriteResult:
+    """One partition of a fan-out: its own scope, published beside its siblings."""
+    attempt = info()
+    time.sleep(params.sleep)
+    if params.fail_first and attempt.retry_count == 0:
+        raise TaskError("this partition fails its first attempt (chaos mix)")
+    (workspace / "rows.txt").write_text(f"{attempt.workflow_id} {params.part}\n")
+    return WriteResult(path="rows.txt")
 
 
 class ReadParams(BaseModel):

@@ -1,5 +1,5 @@
-"""The workflow mix: serial chains, a DO_WHILE loop, read-only steps, failing bodies and
-sub-workflows, each on its own target branch."""
+"""The workflow mix: serial chains, a DO_WHILE loop, read-only steps, failing bodies,
+sub-workflows and fan-outs, each on its own target branch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 __all__ = ["KINDS", "WRITE", "definitions", "params_for"]
 
-WRITE, READ = "chaos_write", "chaos_read"
+WRITE, READ, PART = "chaos_write", "chaos_read", "chaos_part"
+#: Partitions of a fan-out: one worker's publications of them share lease grants.
+FAN_WIDTH = 6
 _OWNER = "perago@example.com"
 _PINNED = "${workflow.input.workspace}"
 _UNPINNED = {
@@ -16,7 +18,7 @@ _UNPINNED = {
     "branch": "${workflow.input.workspace.branch}",
 }
 #: kind -> weight in the mix
-KINDS = {"chain": 4, "loop": 2, "read": 2, "fail": 1, "sub": 2}
+KINDS = {"chain": 4, "loop": 2, "read": 2, "fail": 1, "sub": 2, "fan": 2}
 
 
 def _step(task: str, ref: str, workspace: Any, **params: Any) -> dict[str, Any]:
@@ -103,7 +105,54 @@ def definitions() -> list[dict[str, Any]]:
         ],
         "w4",
     )
-    return [chain, loop, read, fail, sub]
+    # Each partition a SUB_WORKFLOW: its retries stay inside the child (docs/protocol.md,
+    # "Retries inside a fan-out"); the second partition fails its first attempt.
+    part = _workflow(
+        "chaos_part_one",
+        [
+            _step(
+                PART,
+                "p",
+                _PINNED,
+                part="${workflow.input.part}",
+                fail_first="${workflow.input.fail}",
+            )
+        ],
+        "p",
+    )
+    part["inputParameters"] = ["workspace", "sleep", "part", "fail"]
+    children = [
+        [
+            {
+                "name": "chaos_part_one",
+                "taskReferenceName": f"part{i}",
+                "type": "SUB_WORKFLOW",
+                "subWorkflowParam": {"name": "chaos_part_one", "version": 1},
+                "inputParameters": {
+                    "workspace": _PINNED,
+                    "sleep": "${workflow.input.sleep}",
+                    "part": str(i),
+                    "fail": i == 1,
+                },
+            }
+        ]
+        for i in range(FAN_WIDTH)
+    ]
+    fan = _workflow(
+        "chaos_fan",
+        [
+            {"name": "fan", "taskReferenceName": "fan", "type": "FORK_JOIN", "forkTasks": children},
+            {
+                "name": "fan_join",
+                "taskReferenceName": "fan_join",
+                "type": "JOIN",
+                "joinOn": [f"part{i}" for i in range(FAN_WIDTH)],
+            },
+            _step(READ, "after", _UNPINNED),
+        ],
+        "after",
+    )
+    return [chain, loop, read, fail, sub, part, fan]
 
 
 def params_for(rng: random.Random) -> tuple[str, float]:
