@@ -3,7 +3,7 @@
 Task authors need only what is exported here; everything else is the runtime's business.
 """
 
-from perago.context import AttemptInfo, info
+from perago.context import AttemptInfo, cancelled, info, progress, wait_cancelled
 from perago.errors import (
     AttemptFenceError,
     ConfigError,
@@ -50,6 +50,9 @@ __all__ = [
     "WorkerShutdown",
     "WorkspaceError",
     "WorkspaceSpec",
+    "cancelled",
     "info",
+    "progress",
     "task",
+    "wait_cancelled",
 ]

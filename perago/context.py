@@ -1,15 +1,29 @@
-"""Which attempt is running, for task bodies that want to log or name things by it."""
+"""Which attempt is running, for task bodies that want to log or name things by it, and
+the two ways a body and its worker talk while it runs: cancellation and progress notes."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from perago.errors import NoAttemptError
 
-__all__ = ["AttemptInfo", "attempt_context", "info"]
+__all__ = [
+    "AttemptControl",
+    "AttemptInfo",
+    "attempt_context",
+    "cancelled",
+    "info",
+    "progress",
+    "wait_cancelled",
+]
+
+#: A progress note is cut to this many characters (it travels in every extension).
+PROGRESS_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -25,18 +39,111 @@ class AttemptInfo:
     input_ref: str
 
 
+class AttemptControl:
+    """Between a running body and its worker: the worker cancels (draining, the task lost
+    or about to be), the body notes its progress (sent with the next timeout extension)."""
+
+    def __init__(self) -> None:
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self.reason = ""
+        self._note: str | None = None
+        #: The body saw the cancellation (it may have stopped half way): publish nothing.
+        self.observed = False
+
+    def cancel(self, reason: str) -> None:
+        """Ask the body to stop; the first reason stays."""
+        with self._lock:
+            if self._cancelled.is_set():
+                return
+            self.reason = reason
+            self._cancelled.set()
+        _log().warning("attempt_cancelling", reason=reason)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self._cancelled.wait(seconds)
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            self._note = text[:PROGRESS_CHARS]
+
+    def take_note(self) -> str | None:
+        """The newest note not sent yet (None if there is none)."""
+        with self._lock:
+            note, self._note = self._note, None
+            return note
+
+
+def _log() -> Any:
+    """structlog, imported on first use: ``import perago`` stays light for task modules."""
+    import structlog
+
+    return structlog.get_logger("perago.task")
+
+
 _current: ContextVar[AttemptInfo | None] = ContextVar("perago_attempt", default=None)
+_control: ContextVar[AttemptControl | None] = ContextVar("perago_control", default=None)
 
 
 @contextmanager
-def attempt_context(current: AttemptInfo) -> Iterator[AttemptInfo]:
+def attempt_context(
+    current: AttemptInfo, control: AttemptControl | None = None
+) -> Iterator[AttemptInfo]:
     """Make ``current`` what :func:`info` returns in this context (the runner, and
-    ``perago.testing.TaskEnvironment`` for tests of task functions)."""
+    ``perago.testing.TaskEnvironment`` for tests of task functions), and ``control`` what
+    :func:`cancelled` and :func:`progress` use."""
     token = _current.set(current)
+    control_token = _control.set(control)
     try:
         yield current
     finally:
+        _control.reset(control_token)
         _current.reset(token)
+
+
+def cancelled() -> bool:
+    """True once the worker asks the running body to stop: it is draining (SIGTERM), or
+    Conductor no longer counts on this attempt (the workflow was terminated, the task timed
+    out, or its response timeout is about to run out). Stop soon: return or raise; nothing
+    of a cancelled attempt is published, and Conductor retries it where that applies. A
+    body that does not stop is interrupted when the worker's shutdown grace ends. Always
+    False outside an attempt. A body that never asks is left to finish and publish within
+    the grace, as before."""
+    control = _control.get()
+    if control is None or not control.cancelled:
+        return False
+    control.observed = True
+    return True
+
+
+def wait_cancelled(seconds: float) -> bool:
+    """Sleep up to ``seconds``, waking as soon as the attempt is cancelled; returns
+    :func:`cancelled`. Use it instead of ``time.sleep`` in a body's loop."""
+    control = _control.get()
+    if control is None:
+        threading.Event().wait(seconds)
+        return False
+    if control.wait(seconds):
+        control.observed = True
+        return True
+    return False
+
+
+def progress(message: str) -> None:
+    """Note how far the body got (e.g. ``"3 of 10 files"``): logged now, and sent to
+    Conductor with the attempt's next response-timeout extension, as a line
+    ``progress: ...`` of the task's execution log (the UI's Logs tab,
+    ``GET /api/tasks/{taskId}/log``). Only the newest note is sent; at most 1,000
+    characters. Outside an attempt it is only logged."""
+    text = str(message)[:PROGRESS_CHARS]
+    _log().info("attempt_progress", progress=text)
+    control = _control.get()
+    if control is not None:
+        control.note(text)
 
 
 def info() -> AttemptInfo:

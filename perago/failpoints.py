@@ -2,9 +2,10 @@
 
 Enabled by ``PERAGO_FAILPOINTS="after_publish=kill,after_stage=pause:30,after_body=error"``,
 read once when the worker starts; ``after_publish=kill@4`` acts on the process's fourth
-arrival there (the earlier ones pass), to strike while several attempts are in flight. ``stop`` sends the worker SIGSTOP, freezing every thread
-(Conductor lease extension included) until the test sends SIGCONT. When unset, :func:`hit`
-is a dict lookup on an empty dict.
+arrival there (the earlier ones pass), to strike while several attempts are in flight.
+``stop`` sends the worker SIGSTOP, freezing every thread (Conductor lease extension
+included) until the test sends SIGCONT. When unset, :func:`hit` is a dict lookup on an
+empty dict.
 """
 
 from __future__ import annotations

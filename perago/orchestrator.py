@@ -110,8 +110,9 @@ class Orchestrator(AttemptLedger, Protocol):
         IN_PROGRESS for ``worker_id``."""
         ...
 
-    def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
-        """Push the delivery's response timeout back: the worker is still at it."""
+    def extend(self, task: TaskSnapshot, *, worker_id: str, progress: str | None = None) -> None:
+        """Push the delivery's response timeout back: the worker is still at it (with the
+        body's newest progress note, if any)."""
         ...
 
     def report(

@@ -377,6 +377,7 @@ class Update:
     task_id: str
     worker_id: str
     outcome: Outcome | None = None  # None for an extension
+    progress: str | None = None  # an extension's progress note
 
 
 @dataclass
@@ -695,8 +696,8 @@ class StubOrchestrator:
             entry = self._tasks.get(task_id)
             return None if entry is None else entry.snapshot
 
-    def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
-        self._update(Update("extend", task.task_id, worker_id))
+    def extend(self, task: TaskSnapshot, *, worker_id: str, progress: str | None = None) -> None:
+        self._update(Update("extend", task.task_id, worker_id, progress=progress))
 
     def report(
         self,

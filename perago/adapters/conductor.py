@@ -491,8 +491,19 @@ class ConductorClient:
         )
         return [str(entry.get("log", "")) for entry in logs or []]
 
-    def extend(self, task: TaskSnapshot, *, worker_id: str) -> None:
-        """Conductor's ``extendLease`` update: resets the task's response timeout."""
+    def extend(self, task: TaskSnapshot, *, worker_id: str, progress: str | None = None) -> None:
+        """Conductor's ``extendLease`` update: resets the task's response timeout. A progress
+        note goes first, as a line of the task's execution log: an ``extendLease`` update
+        keeps no output or log, and a plain IN_PROGRESS one would put the task back in the
+        queue (both seen on the 3.32.3 server)."""
+        if progress is not None:
+            self._call(
+                "POST",
+                f"/tasks/{task.task_id}/log",
+                body=f"progress: {progress}"[:_MAX_LOG],
+                endpoint="task_log",
+                what=f"log the progress of task {task.task_id}",
+            )
         self._update(
             {
                 "taskId": task.task_id,

@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel
 
-from perago.context import AttemptInfo
+from perago.context import AttemptControl, AttemptInfo
 from perago.orchestrator import TaskSnapshot
 from perago.publish.identity import AttemptIdentity, WorkspaceTarget
 from perago.steps import Phase
@@ -39,6 +39,8 @@ class RunningAttempt:
     pinned: bool = False
     #: What waits until the outcome is reported (the attempt directory's removal).
     after_report: ExitStack = field(default_factory=ExitStack)
+    #: Cancellation and progress notes between the body and the worker.
+    control: AttemptControl = field(default_factory=AttemptControl)
 
     @classmethod
     def start(
@@ -48,6 +50,7 @@ class RunningAttempt:
         *,
         after_report: ExitStack,
         cluster_id: str = "",
+        control: AttemptControl | None = None,
     ) -> RunningAttempt:
         identity = AttemptIdentity(
             workflow_id=task.workflow_id,
@@ -60,7 +63,14 @@ class RunningAttempt:
         )
         workspace = task.input.get("workspace")
         pinned = isinstance(workspace, dict) and workspace.get("ref") is not None
-        return cls(defn, task, identity, pinned=pinned, after_report=after_report)
+        return cls(
+            defn,
+            task,
+            identity,
+            pinned=pinned,
+            after_report=after_report,
+            control=control or AttemptControl(),
+        )
 
     def resolved(self, target: WorkspaceTarget, params: BaseModel, scope: str) -> None:
         """The pre-guardrails passed: the target, the params and the scope are known."""

@@ -21,6 +21,7 @@ import structlog
 
 from perago import failpoints, metrics, steps
 from perago.config import Settings
+from perago.context import AttemptControl
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseExpiringError, LeaseLostError
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
@@ -44,6 +45,7 @@ log = structlog.get_logger("perago.worker")
 class _InFlight:
     snapshot: TaskSnapshot
     thread: threading.Thread
+    control: AttemptControl = field(default_factory=AttemptControl)
     ident: int = 0
     interrupted: bool = False
     started: float = field(default_factory=time.monotonic)
@@ -293,17 +295,20 @@ class Worker:
     def _attempt(self, snapshot: TaskSnapshot) -> None:
         with self._lock:
             self._inflight[snapshot.task_id].ident = threading.get_ident()
+            control = self._inflight[snapshot.task_id].control
         metrics.IN_FLIGHT.inc()
         worker_id = self._settings.worker_id
         updates = TaskUpdates(
             snapshot,
-            extend=lambda: self._orchestrator.extend(snapshot, worker_id=worker_id),
+            extend=lambda: self._orchestrator.extend(
+                snapshot, worker_id=worker_id, progress=control.take_note()
+            ),
             read=lambda: self._orchestrator.get_task(snapshot.task_id),
         )
         stop_extending = threading.Event()
         extender = threading.Thread(
             target=self._extend_response_timeout,
-            args=(snapshot, updates, stop_extending),
+            args=(snapshot, updates, stop_extending, control),
             daemon=True,
             name=f"perago-extend-{snapshot.task_id}",
         )
@@ -318,7 +323,10 @@ class Worker:
         try:
             try:
                 finished = self._runner.run(
-                    self._tasks[snapshot.task_type], snapshot, after_report=after_report
+                    self._tasks[snapshot.task_type],
+                    snapshot,
+                    after_report=after_report,
+                    control=control,
                 )
             except WorkerShutdown as e:
                 finished = Finished(outcome_of(e, where="run"))
@@ -368,25 +376,48 @@ class Worker:
                 self._lock.notify_all()
 
     def _extend_response_timeout(
-        self, snapshot: TaskSnapshot, updates: TaskUpdates, stop: threading.Event
+        self,
+        snapshot: TaskSnapshot,
+        updates: TaskUpdates,
+        stop: threading.Event,
+        control: AttemptControl,
     ) -> None:
-        """Tell the orchestrator every third of the response timeout that the attempt lives."""
+        """Tell the orchestrator every third of the response timeout that the attempt lives
+        (with the body's newest progress note), then read the task back: cancel the body
+        once Conductor no longer counts on this attempt, or when the response timeout is
+        about to run out because no extension got through."""
         timeout = snapshot.response_timeout_seconds
         if timeout <= 0:
             return
         interval = self._settings.extension_interval
         every = interval.total_seconds() if interval else max(1.0, timeout / 3)
+        extended = time.monotonic()
         while not stop.wait(every):
             try:
                 if not updates.extend():
                     return
+                extended = time.monotonic()
                 metrics.TIMEOUT_EXTENSIONS.labels("ok").inc()
                 log.debug("response_timeout_extended", task_id=snapshot.task_id)
+                now = self._orchestrator.get_task(snapshot.task_id)
             except PeragoError as e:
                 metrics.TIMEOUT_EXTENSIONS.labels("failed").inc()
                 log.warning(
                     "response_timeout_extension_failed", task_id=snapshot.task_id, error=e.message
                 )
+                if time.monotonic() - extended > timeout * LOSING_TIMEOUT_SHARE:
+                    control.cancel(
+                        f"no response-timeout extension reached Conductor for "
+                        f"{time.monotonic() - extended:.0f} of {timeout:.0f} s; Conductor "
+                        "will retry the task"
+                    )
+                continue
+            if stop.is_set():
+                return
+            lost = _no_longer_ours(snapshot, now)
+            if lost:
+                control.cancel(lost)
+                return
 
     def _report(self, snapshot: TaskSnapshot, finished: Finished, updates: TaskUpdates) -> None:
         """Report the outcome; COMPLETED under the publication's branch lease, if it holds
@@ -457,6 +488,8 @@ class Worker:
         with self._lock:
             if self._inflight:
                 log.info("draining", in_flight=len(self._inflight), grace_seconds=grace)
+            for item in self._inflight.values():  # bodies that check perago.cancelled() stop
+                item.control.cancel("the worker is draining (shutdown)")
             while self._inflight and not self._force.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -475,6 +508,22 @@ class Worker:
         end = time.monotonic() + 15
         for item in remaining:
             item.thread.join(timeout=max(0.0, end - time.monotonic()))
+
+
+#: Share of the response timeout without a successful extension after which the body is
+#: asked to stop: Conductor is about to time the attempt out and retry it.
+LOSING_TIMEOUT_SHARE = 0.8
+
+
+def _no_longer_ours(delivery: TaskSnapshot, now: TaskSnapshot | None) -> str:
+    """Why Conductor no longer counts on this delivery ("" while it does)."""
+    if now is None:
+        return "Conductor no longer knows the task (its workflow was removed)"
+    if now.status != "IN_PROGRESS":
+        return f"Conductor ended the task ({now.status}): the workflow was terminated or timed out"
+    if now.poll_count != delivery.poll_count:
+        return "the task was delivered to a worker again"
+    return ""
 
 
 def _raise_in_thread(ident: int, exc: type[BaseException]) -> None:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from perago import metrics, steps
 from perago.config import Settings
-from perago.context import attempt_context
+from perago.context import AttemptControl, attempt_context
 from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.errors import (
     AttemptFenceError,
@@ -123,7 +123,8 @@ def outcome_of(
     ``trace`` (the task author's frames) adds the failing line to the reason and the whole
     trimmed traceback to the outcome's details."""
     if isinstance(e, WorkerShutdown):
-        return SHUTDOWN
+        # a body that stopped on cancellation says why; the drain's interruption does not
+        return Outcome("FAILED", reason=f"{where}: {e.message}") if e.message else SHUTDOWN
     if isinstance(e, LeaseLostError):
         reason = f"{where}: lease lost: {e}; the attempt was cancelled"
         return Outcome("FAILED", reason=reason)
@@ -206,6 +207,7 @@ class AttemptRunner:
         task: TaskSnapshot,
         *,
         after_report: contextlib.ExitStack | None = None,
+        control: AttemptControl | None = None,
     ) -> Finished:
         """How the attempt ended. With ``after_report``, removing the attempt directory is
         left on it, for the worker to close once the outcome is reported: deleting thousands
@@ -215,11 +217,15 @@ class AttemptRunner:
         """
         if after_report is None:
             with contextlib.ExitStack() as cleanup:
-                finished = self.run(defn, task, after_report=cleanup)
+                finished = self.run(defn, task, after_report=cleanup, control=control)
                 finished.release()
                 return Finished(finished.outcome)
         attempt = RunningAttempt.start(
-            defn, task, cluster_id=self._settings.cluster_id, after_report=after_report
+            defn,
+            task,
+            cluster_id=self._settings.cluster_id,
+            after_report=after_report,
+            control=control,
         )
         started = time.monotonic()
         with attempt.logging():
@@ -595,7 +601,12 @@ class AttemptRunner:
         self, attempt: RunningAttempt, workspace: Any, inputs: Inputs[Any] | None = None
     ) -> BaseModel:
         attempt.step = Phase.BODY
-        result = self._call_body(attempt, workspace, inputs)
+        try:
+            result = self._call_body(attempt, workspace, inputs)
+        except Exception:
+            _stop_if_cancelled(attempt)
+            raise
+        _stop_if_cancelled(attempt)
         log.info("body_finished")
         steps.reached(Boundary.AFTER_BODY)
         attempt.step = Phase.POST_GUARDRAIL
@@ -608,7 +619,7 @@ class AttemptRunner:
         kwargs: dict[str, Any] = {}
         if defn.wants_inputs:
             kwargs["inputs"] = inputs
-        with attempt_context(attempt.info()):
+        with attempt_context(attempt.info(), attempt.control):
             if defn.wants_spark:
                 if self._spark is None:
                     raise TaskError(
@@ -647,6 +658,17 @@ class AttemptRunner:
             output["inputs"] = {read.name: read.as_output() for read in target.reads}
         outcome = Outcome("COMPLETED", output=output)
         return Finished(outcome, publication.lease)
+
+
+def _stop_if_cancelled(attempt: RunningAttempt) -> None:
+    """A body that saw its cancellation (``perago.cancelled()`` answered True) may have
+    stopped half way: it publishes nothing, whatever it returned or raised, and the attempt
+    ends as drained (FAILED, retried by Conductor where it still counts). A body that never
+    asked finishes and publishes as usual."""
+    control = attempt.control
+    if control.observed:
+        log.warning("body_cancelled", reason=control.reason)
+        raise WorkerShutdown(f"the attempt was cancelled ({control.reason}); nothing published")
 
 
 def check_result(defn: TaskDefinition[Any, Any], result: Any) -> BaseModel:

@@ -8,7 +8,9 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -568,6 +570,46 @@ def test_sigterm_lets_the_in_flight_attempt_finish_and_publish_once(
     assert wf["status"] == "COMPLETED"
     assert [t["status"] for t in attempts(wf, "step")] == ["COMPLETED"]
     assert len(publications(store, repo)) == 1
+
+
+def test_a_body_that_checks_cancelled_stops_at_sigterm_and_shows_its_progress(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """The body notes its progress (Conductor shows it in the task's execution log) and
+    checks perago.wait_cancelled(): at SIGTERM it stops within a second, long before the
+    grace, and the attempt is reported drained with nothing published."""
+    name = _one_step(conductor, unique, {"files": {"half.txt": "h"}, "patient": 60})
+    wid = start(conductor, name, repo)
+    settings = {**env, "PERAGO_SHUTDOWN_GRACE": "30", "PERAGO_EXTENSION_INTERVAL": "1"}
+    with worker(settings, tmp_path / "w.log") as w:
+        w.wait_for("attempt_progress")
+        deadline = time.monotonic() + 20
+        while True:
+            (task,) = attempts(conductor.get_workflow(wid), "step")
+            notes = [x for x in conductor.task_logs(task["taskId"]) if x.startswith("progress: ")]
+            if notes:
+                break
+            assert time.monotonic() < deadline, "no progress note in the task's log"
+            time.sleep(0.5)
+        assert notes[0].endswith("of 60 s") and task["status"] == "IN_PROGRESS"
+        w.signal(signal.SIGTERM)
+        stopped = w.wait_for("body_cancelled", timeout=10)
+        draining = w.wait_for("draining")
+        assert w.proc.wait(timeout=60) == 0
+    took = datetime.fromisoformat(stopped["timestamp"]) - datetime.fromisoformat(
+        draining["timestamp"]
+    )
+    assert took.total_seconds() < 1.0
+    assert not [e for e in w.events() if e.get("event") == "interrupting_attempt"]
+    (first,) = attempts(conductor.get_workflow(wid), "step")[:1]
+    assert first["status"] == "FAILED"
+    assert "cancelled (the worker is draining" in first["reasonForIncompletion"]
+    assert publications(store, repo) == []
 
 
 def test_an_attempt_outliving_the_grace_is_failed_and_retried_elsewhere(

@@ -29,8 +29,11 @@ def test_public_names() -> None:
             "WorkerShutdown",
             "WorkspaceError",
             "WorkspaceSpec",
+            "cancelled",
             "info",
+            "progress",
             "task",
+            "wait_cancelled",
         ]
     )
     # Nothing public is reachable that the façade does not name (submodules aside).

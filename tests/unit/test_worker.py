@@ -670,6 +670,82 @@ def test_drain_lets_an_in_flight_attempt_finish_within_the_grace(
     assert SCRIPT.bodies == 1 and len(stub.reports()) == 1
 
 
+def _until_cancelled(stopped: threading.Event) -> Callable[[], None]:
+    """A body's loop that checks for cancellation between chunks of work."""
+
+    def body() -> None:
+        chunk = 0
+        while not perago.wait_cancelled(0.05):
+            chunk += 1
+            perago.progress(f"{chunk} chunks done")
+        stopped.set()
+
+    return body
+
+
+def test_a_body_that_checks_cancelled_stops_at_the_drain_and_publishes_nothing(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    base = store.branch_head("repo", "main")
+    stopped = threading.Event()
+    SCRIPT.hooks[0] = _until_cancelled(stopped)
+    with running(stub, store, tmp_path, shutdown_grace=timedelta(seconds=30)) as worker:
+        wid = step(stub, retries=1)
+        stub.wait_for(lambda s: SCRIPT.bodies == 1)
+        worker.stop()
+        assert stopped.wait(1)  # within a second, long before the 30 s grace
+        stub.wait_for(lambda s: len(s.reports()) == 1)
+    (report,) = stub.reports()
+    assert report.outcome is not None and report.outcome.status == "FAILED"
+    assert "cancelled (the worker is draining" in report.outcome.reason
+    assert "nothing published" in report.outcome.reason
+    assert publications(store, base) == [] and staging(store) == []
+    assert stub.attempts(wid)[-1].status == "SCHEDULED"  # Conductor retries it
+
+
+def test_a_body_is_cancelled_once_conductor_timed_its_task_out(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    base = store.branch_head("repo", "main")
+    stopped = threading.Event()
+    SCRIPT.hooks[0] = _until_cancelled(stopped)
+    fast = {"extension_interval": timedelta(milliseconds=100)}
+    with running(stub, store, tmp_path, **fast):
+        wid = step(stub, retries=1, response_timeout_seconds=60)
+        stub.wait_for(lambda s: SCRIPT.bodies == 1)
+        assert not stopped.wait(0.5)  # extended, still ours: it runs on
+        stub.time_out(stub.attempts(wid)[0].task_id)
+        assert stopped.wait(5)
+        outcome = settle(stub, wid)
+    assert outcome.status == "COMPLETED"  # the retry
+    assert len(publications(store, base)) == 1
+
+
+def test_progress_notes_travel_with_the_next_extension(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    release = threading.Event()
+
+    def body() -> None:
+        perago.progress("1 of 3 files")
+        release.wait(30)
+
+    SCRIPT.hooks[0] = body
+    fast = {"extension_interval": timedelta(milliseconds=100)}
+    with running(stub, store, tmp_path, **fast):
+        wid = step(stub, response_timeout_seconds=60)
+
+        def sent(s: StubOrchestrator) -> bool:
+            return any(u.kind == "extend" and u.progress == "1 of 3 files" for u in s.updates)
+
+        stub.wait_for(sent)
+        stub.wait_for(lambda s: sum(u.kind == "extend" for u in s.updates) >= 3)
+        release.set()
+        assert settle(stub, wid).status == "COMPLETED"
+    notes = [u.progress for u in stub.updates if u.kind == "extend"]
+    assert notes.count("1 of 3 files") == 1 and set(notes) == {"1 of 3 files", None}
+
+
 def test_an_attempt_outliving_the_grace_fails_with_worker_shutdown_and_is_retried(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
 ) -> None:

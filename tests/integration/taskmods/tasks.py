@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from perago import TaskError, WorkspaceSpec, info, task
+from perago import TaskError, WorkspaceSpec, info, progress, task, wait_cancelled
 
 SUFFIX = os.environ.get("PERAGO_TEST_SUFFIX", "local")
 RESPONSE_TIMEOUT = timedelta(seconds=float(os.environ.get("PERAGO_TEST_RESPONSE_TIMEOUT", "8")))
@@ -28,6 +28,7 @@ class WriteParams(BaseModel):
     stamp_retry: bool = False  # content differs per attempt, like real non-deterministic output
     many: int = 0
     import_missing: bool = False  # the body needs a module that is not installed
+    patient: float = 0.0  # then work this long in steps, noting progress, until cancelled
 
 
 class WriteResult(BaseModel):
@@ -75,6 +76,11 @@ def write(workspace: Path, params: WriteParams) -> WriteResult:
         written += params.many
     for rel, target in params.symlink.items():
         (workspace / rel).symlink_to(target)
+    for tenth in range(int(params.patient * 10)):  # cooperative: stops once cancelled
+        if tenth % 10 == 0:
+            progress(f"{tenth // 10} of {params.patient:g} s")
+        if wait_cancelled(0.1):
+            break
     if params.bad_result:
         return WriteResult.model_construct(written=-1, retry_count=attempt.retry_count)
     return WriteResult(written=written, retry_count=attempt.retry_count)
