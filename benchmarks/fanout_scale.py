@@ -65,11 +65,23 @@ def _perago(
     wid = conductor.start_workflow(flow, {"workspace": ws, "tasks": tasks, "inputs": inputs})
     wf = _wait(conductor, wid, timeout=60 + parts * 2.0)
     if task == TASK:
-        log = store.log(repo, "main", amount=parts + 10)
-        published = sum(c.metadata.get("perago.kind") == "publication" for c in log)
+        published = sum(
+            c.metadata.get("perago.kind") == "publication" for c in _history(store, repo)
+        )
         if published != parts:
             raise SystemExit(f"{repo}: {published} publications on main, expected {parts}")
     return (int(wf["endTime"]) - int(wf["startTime"])) / 1000, wid
+
+
+def _history(store: LakeFSStore, repo: str) -> list[Any]:
+    """The whole first-parent history of ``main``, a page of lakeFS's log at a time."""
+    out, ref = [], "main"
+    while True:
+        page = store.log(repo, ref, amount=1000)
+        out += page if not out else page[1:]
+        if len(page) < 1000 or not page[-1].parents:
+            return out
+        ref = page[-1].id
 
 
 def _alone(store: LakeFSStore, parts: int) -> float:
