@@ -41,8 +41,10 @@ def test_an_overlapping_fork_as_coded_holds() -> None:
     assert result.states > 20_000 and result.terminal > 0
 
 
+@pytest.mark.exhaustive
 def test_group_commit_as_coded_holds() -> None:
-    """(That members do join is shown by the group's drops below: their traces join.)"""
+    """(That members do join is shown by the group's drops below: their traces join.) In
+    `make model-check`, beside the larger runs of `python -m model.fanout`'s suite."""
     for cfg in (GROUP_DISJOINT, GROUP_OVERLAPPING):
         result = explore(cfg)
         assert result.ok, [v.message for v in result.violations]
