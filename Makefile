@@ -79,8 +79,8 @@ test: install lint typecheck
 bench: install
 	$(BIN)/python -m benchmarks.run
 
-## soak: long race and crash loops, the 100k-file workspace and a 64-way publication group
-## killed at every failpoint (figures in docs/)
+## soak: long race and crash loops, the 100k-file workspace, a 64-way publication group
+## killed at every failpoint, and 2,000 attempts through one worker (figures in docs/)
 soak: install
 	PERAGO_RACE_ROUNDS=30 PERAGO_CRASH_ROUNDS=3 PERAGO_MANY_FILES=100000 \
 	PERAGO_GROUP_KILL_WIDTH=64 PERAGO_GROUP_KILL_POINTS=all \
@@ -88,6 +88,7 @@ soak: install
 		tests/integration/test_exclusion.py tests/integration/test_bad_input.py \
 		tests/integration/test_crash_suite.py \
 		"tests/integration/test_fanout.py::test_a_worker_killed_while_a_publication_group_is_in_flight"
+	$(BIN)/python -m benchmarks.worker_soak 2000
 
 ## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step, fan-out
 ## and named inputs (reads), then the model tests too large for `make test` (marked exhaustive)

@@ -50,6 +50,22 @@ def _sample(pid: int) -> dict[str, int]:
     }
 
 
+def _fd_kinds(pid: int) -> dict[str, int]:
+    """Open descriptors by what they point at (socket, pipe, a file's directory, ...)."""
+    kinds: dict[str, int] = {}
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            kind = target.split(":")[0] if ":" in target else os.path.dirname(target)
+            kinds[kind] = kinds.get(kind, 0) + 1
+    except OSError:
+        pass
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
 def _workflows(conductor: ConductorClient, suffix: str) -> dict[str, str]:
     names = {}
     defs = []
@@ -137,6 +153,7 @@ def main(argv: list[str]) -> int:
                     last = time.monotonic()
                 time.sleep(0.2)
             samples.append((attempts, _sample(worker.pid)))
+            fd_kinds = _fd_kinds(worker.pid)
             # The drain: cancellable slow attempts in flight, then SIGTERM.
             ws = {"repository": repo, "branch": "main"}
             slow = [
@@ -184,6 +201,11 @@ def main(argv: list[str]) -> int:
         print(
             f"  {key:<16} | {a:10.1f} {unit:<3}| {b:7.1f} {unit:<3}| {(b - a) * per_k:+.1f} {unit}"
         )
+    curve = []
+    for share in (0.25, 0.5, 0.75, 1.0):
+        at, sample = next((a, x) for a, x in samples if a >= share * end_at)
+        curve.append(f"{at}: {sample['rss_kib'] / 1024:.0f} MiB, {sample['fds']} fds")
+    print(f"  along the run (attempts: worker RSS, descriptors): {'; '.join(curve)}")
     print(
         f"  workflows not COMPLETED: {len(failed)}" + (f" (first: {failed[0]})" if failed else "")
     )
@@ -192,6 +214,7 @@ def main(argv: list[str]) -> int:
         f"  drain with {SLOW} cancellable attempts in flight: exit {code} after {drained:.1f} s, "
         f"{cancelled} of {SLOW} reported drained (cancelled)"
     )
+    print(f"  open descriptors at the end, by kind: {fd_kinds}")
     print(f"  worker log: {log}")
     return 0 if not failed and code == 0 else 1
 

@@ -118,6 +118,11 @@ def _new_handle(connect_timeout: float, read_timeout: float) -> pycurl.Curl:
     return h
 
 
+#: Sets of handles (one per batch that ran at once) a pool keeps between batches: each
+#: holds up to a batch's concurrency of open connections to the object store.
+IDLE_SETS = 2
+
+
 class CurlPool:
     """Curl handles kept between batches, so their connections stay alive: a task reading a
     few objects does not pay a connect per object. One batch at a time uses a set of them."""
@@ -141,7 +146,13 @@ class CurlPool:
                  retry_for)  # fmt: skip
         finally:
             with self._lock:
-                self._idle.append((multi, handles))
+                keep = len(self._idle) < IDLE_SETS
+                if keep:
+                    self._idle.append((multi, handles))
+            if not keep:  # more batches ran at once than usual: their connections go
+                for h in handles:
+                    h.close()
+                multi.close()
 
     def close(self) -> None:
         with self._lock:
