@@ -683,26 +683,6 @@ def _until_cancelled(stopped: threading.Event) -> Callable[[], None]:
     return body
 
 
-def test_a_body_that_checks_cancelled_stops_at_the_drain_and_publishes_nothing(
-    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
-) -> None:
-    base = store.branch_head("repo", "main")
-    stopped = threading.Event()
-    SCRIPT.hooks[0] = _until_cancelled(stopped)
-    with running(stub, store, tmp_path, shutdown_grace=timedelta(seconds=30)) as worker:
-        wid = step(stub, retries=1)
-        stub.wait_for(lambda s: SCRIPT.bodies == 1)
-        worker.stop()
-        assert stopped.wait(1)  # within a second, long before the 30 s grace
-        stub.wait_for(lambda s: len(s.reports()) == 1)
-    (report,) = stub.reports()
-    assert report.outcome is not None and report.outcome.status == "FAILED"
-    assert "cancelled (the worker is draining" in report.outcome.reason
-    assert "nothing published" in report.outcome.reason
-    assert publications(store, base) == [] and staging(store) == []
-    assert stub.attempts(wid)[-1].status == "SCHEDULED"  # Conductor retries it
-
-
 def test_a_body_is_cancelled_once_conductor_timed_its_task_out(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
 ) -> None:
