@@ -32,6 +32,7 @@ from model.fanout.state import (
     TERMINAL,
     Attempt,
     State,
+    attempt_name,
     marker_paths,
     ref_name,
     step_of,
@@ -216,7 +217,11 @@ def _acquire(cfg: FanoutConfig, s: State, slot: int) -> tuple[tuple[Any, ...], s
     if cfg.group and _admits(cfg, held, slot):
         joined = held._replace(members=held.members | 1 << slot)
         leases = (*s.leases[:key], joined, *s.leases[key + 1 :])
-        return leases, f"joins {_name(cfg, held.holder)}'s branch lease (group commit)", held.holder
+        return (
+            leases,
+            f"joins {attempt_name(cfg, held.holder)}'s branch lease (group commit)",
+            held.holder,
+        )
     got = lease.acquire(held, slot)
     if got is None:
         return None
@@ -239,12 +244,6 @@ def _admits(cfg: FanoutConfig, held: Any, slot: int) -> bool:
             if overlaps(cfg.scope(step_of(cfg, member)[0]), scope):
                 return False
     return True
-
-
-def _name(cfg: FanoutConfig, slot: int) -> str:
-    from model.fanout.state import attempt_name
-
-    return attempt_name(cfg, slot)
 
 
 def _set_lease(cfg: FanoutConfig, s: State, slot: int, value: Any) -> tuple[Any, ...]:
