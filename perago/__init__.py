@@ -3,7 +3,14 @@
 Task authors need only what is exported here; everything else is the runtime's business.
 """
 
-from perago.context import AttemptInfo, cancelled, info, progress, wait_cancelled
+from perago.context import (
+    AttemptInfo,
+    cancelled,
+    info,
+    progress,
+    wait_cancelled,
+    wait_cancelled_async,
+)
 from perago.errors import (
     AttemptFenceError,
     ConfigError,
@@ -55,4 +62,5 @@ __all__ = [
     "progress",
     "task",
     "wait_cancelled",
+    "wait_cancelled_async",
 ]

@@ -4,7 +4,7 @@ the two ways a body and its worker talk while it runs: cancellation and progress
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ __all__ = [
     "info",
     "progress",
     "wait_cancelled",
+    "wait_cancelled_async",
 ]
 
 #: A progress note is cut to this many characters (it travels in every extension).
@@ -48,6 +49,7 @@ class AttemptControl:
         self._lock = threading.Lock()
         self.reason = ""
         self._note: str | None = None
+        self._on_cancel: list[Callable[[], None]] = []
         #: The body saw the cancellation (it may have stopped half way): publish nothing.
         self.observed = False
 
@@ -58,7 +60,25 @@ class AttemptControl:
                 return
             self.reason = reason
             self._cancelled.set()
+            callbacks, self._on_cancel = self._on_cancel, []
+        for callback in callbacks:
+            callback()
         _log().warning("attempt_cancelling", reason=reason)
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (from any thread) once the attempt is cancelled, right away if
+        it is; returns what forgets it."""
+        with self._lock:
+            if not self._cancelled.is_set():
+                self._on_cancel.append(callback)
+                return lambda: self._forget(callback)
+        callback()
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._on_cancel:
+                self._on_cancel.remove(callback)
 
     @property
     def cancelled(self) -> bool:
@@ -131,6 +151,37 @@ def wait_cancelled(seconds: float) -> bool:
         control.observed = True
         return True
     return False
+
+
+async def wait_cancelled_async(seconds: float) -> bool:
+    """:func:`wait_cancelled` for ``async def`` bodies: awaits up to ``seconds`` without
+    holding a thread, waking as soon as the attempt is cancelled; returns
+    :func:`cancelled`. Use it instead of ``asyncio.sleep`` in an async body's loop."""
+    import asyncio  # here: ``import perago`` stays light for task modules
+
+    control = _control.get()
+    if control is None:
+        await asyncio.sleep(seconds)
+        return False
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+
+    def settle() -> None:
+        if not woken.done():
+            woken.set_result(True)
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(settle)
+
+    forget = control.on_cancel(wake)
+    try:
+        await asyncio.wait_for(woken, seconds)
+    except TimeoutError:
+        return False
+    finally:
+        forget()
+    control.observed = True
+    return True
 
 
 def progress(message: str) -> None:

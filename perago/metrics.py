@@ -12,6 +12,7 @@ __all__ = [
     "CACHE",
     "CACHE_BYTES_SAVED",
     "CONDUCTOR_SECONDS",
+    "EVENT_LOOP_BLOCKED",
     "FENCE_REJECTIONS",
     "FILES",
     "IN_FLIGHT",
@@ -68,6 +69,10 @@ CONDUCTOR_SECONDS = Histogram(
     "(ok, not_found, error).",
     ["endpoint", "outcome"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+EVENT_LOOP_BLOCKED = Counter(
+    "perago_event_loop_blocked_total",
+    "Times an async task body blocked the worker's event loop for a second or more.",
 )
 IN_FLIGHT = Gauge("perago_attempts_in_flight", "Attempts running in this worker.")
 JANITOR_REMOVALS = Counter(

@@ -248,9 +248,12 @@ class TaskDefinition(Generic[P, R]):
     wants_inputs: bool = False
     #: A task the worker runs itself (``perago.wap``), not a body: its name, else "".
     system: str = ""
+    #: The body is ``async def``: the worker awaits it on its event loop (no thread held).
+    is_async: bool = False
 
     def __call__(self, workspace: Any, params: P, **kwargs: Any) -> R:
-        """Call the body directly (handy in unit tests): no lakeFS, no Conductor."""
+        """Call the body directly (handy in unit tests): no lakeFS, no Conductor. An
+        ``async def`` body returns its coroutine (await it, or use perago.testing.run_task)."""
         return self.fn(workspace, params, **kwargs)
 
 
@@ -269,6 +272,7 @@ class _Shape:
     result_type: type[Any]
     wants_spark: bool
     wants_inputs: bool
+    is_async: bool
 
 
 #: The parameters a body may take after ``workspace`` and ``params``, by name.
@@ -331,7 +335,14 @@ def _inspect(fn: Callable[..., Any], spec: WorkspaceSpec) -> _Shape:
             "but the function has no `inputs` parameter to receive them; add "
             "`inputs: Inputs` after `params`"
         )
-    return _Shape(params_type, result_type, "spark" in takes, wants_inputs)
+    is_async = inspect.iscoroutinefunction(fn)
+    if is_async and "spark" in takes:
+        raise TaskDefinitionError(
+            f"task function {name!r} is `async def` and takes `spark`: Spark jobs block the "
+            "thread that runs them, which would stall every other async body of the worker; "
+            "write a Spark task as a plain `def`"
+        )
+    return _Shape(params_type, result_type, "spark" in takes, wants_inputs, is_async)
 
 
 class _Decorator:
@@ -361,6 +372,7 @@ class _Decorator:
             options=self._options,
             wants_spark=shape.wants_spark,
             wants_inputs=shape.wants_inputs,
+            is_async=shape.is_async,
         )
 
 

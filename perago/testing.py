@@ -856,6 +856,10 @@ class TaskEnvironment:
             kwargs["inputs"] = self._inputs(defn, checked, inputs or {})
         with attempt_context(current):
             result = defn.fn(workspace, checked, **kwargs)
+            if defn.is_async:  # an async def body: awaited on a fresh loop, as drive() does
+                import asyncio
+
+                result = asyncio.run(result)
         return check_result(defn, result)  # type: ignore[return-value]
 
     def _inputs(

@@ -31,6 +31,7 @@ from perago.publish.transaction import release_lease
 from perago.steps import Boundary
 from perago.store import VersionStore
 from perago.task import TaskDefinition
+from perago.worker.async_bodies import AsyncBodies, Running
 from perago.worker.health import HealthServer
 from perago.worker.recovery import AttemptRecords, recover
 from perago.worker.report import Landing, TaskUpdates, under_lease
@@ -44,11 +45,30 @@ log = structlog.get_logger("perago.worker")
 @dataclass
 class _InFlight:
     snapshot: TaskSnapshot
-    thread: threading.Thread
     control: AttemptControl = field(default_factory=AttemptControl)
+    #: A plain attempt's thread (its ident once it runs); an async attempt's place instead.
     ident: int = 0
-    interrupted: bool = False
+    running: Running | None = None
     started: float = field(default_factory=time.monotonic)
+
+    def interrupt(self) -> None:
+        """The drain's last resort: an asynchronous exception, or the async body cancelled."""
+        if self.running is not None:
+            self.running.interrupt()
+        else:
+            _raise_in_thread(self.ident, WorkerShutdown)
+
+
+@dataclass
+class _Session:
+    """What an attempt keeps between its start and its report."""
+
+    snapshot: TaskSnapshot
+    updates: TaskUpdates
+    record: Any
+    after_report: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    stop_extending: threading.Event = field(default_factory=threading.Event)
+    step: str = "run"
 
 
 def task_domain(defn: TaskDefinition[Any, Any], settings: Settings) -> str | None:
@@ -102,6 +122,7 @@ class Worker:
         self._force = threading.Event()
         self._http_port = http_port
         self._last_loop = time.monotonic()
+        self._async: AsyncBodies | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -147,6 +168,8 @@ class Worker:
             self._poll_loop()
         finally:
             self._drain()
+            if self._async is not None:
+                self._async.close()
             if self._runner.cache is not None:
                 self._runner.cache.close()  # its files are vouched for by this process only
             if http is not None:
@@ -280,6 +303,13 @@ class Worker:
         return min(free, limit - running)
 
     def _start(self, snapshot: TaskSnapshot) -> None:
+        if self._tasks[snapshot.task_type].is_async:
+            bodies = self._async_bodies()
+            item = _InFlight(snapshot, running=Running(bodies.loop))
+            with self._lock:
+                self._inflight[snapshot.task_id] = item
+            bodies.submit(self._attempt_async(item))
+            return
         thread = threading.Thread(
             target=self._attempt,
             args=(snapshot,),
@@ -287,15 +317,84 @@ class Worker:
             daemon=True,
         )
         with self._lock:
-            self._inflight[snapshot.task_id] = _InFlight(snapshot, thread)
+            self._inflight[snapshot.task_id] = _InFlight(snapshot)
         thread.start()
+
+    def _async_bodies(self) -> AsyncBodies:
+        """The event loop of this worker's ``async def`` bodies, made on first use."""
+        if self._async is None:
+            self._async = AsyncBodies(step_threads=max(2, min(8, self._settings.concurrency)))
+        return self._async
 
     # -- one attempt ---------------------------------------------------------------------------
 
     def _attempt(self, snapshot: TaskSnapshot) -> None:
+        """A plain attempt, start to report, on its own thread."""
         with self._lock:
-            self._inflight[snapshot.task_id].ident = threading.get_ident()
-            control = self._inflight[snapshot.task_id].control
+            item = self._inflight[snapshot.task_id]
+            item.ident = threading.get_ident()
+        session = self._open(item)
+        threading.Thread(
+            target=self._extend_response_timeout,
+            args=(session, item.control),
+            daemon=True,
+            name=f"perago-extend-{snapshot.task_id}",
+        ).start()
+        try:
+            try:
+                finished = self._runner.run(
+                    self._tasks[snapshot.task_type],
+                    snapshot,
+                    after_report=session.after_report,
+                    control=item.control,
+                )
+            except WorkerShutdown as e:
+                finished = Finished(outcome_of(e, where="run"))
+            except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
+                finished = _crashed(snapshot, e)
+            self._conclude(session, finished)
+        except Interrupt as e:
+            _interrupted(session, e)
+        finally:
+            self._close(session)
+
+    async def _attempt_async(self, item: _InFlight) -> None:
+        """An attempt of an ``async def`` body: its body awaited on the worker's loop, its
+        other steps and its report on the loop's thread pool."""
+        bodies, snapshot = self._async_bodies(), item.snapshot
+        assert item.running is not None
+        session = self._open(item)
+        extender = bodies.loop.create_task(self._extend_async(session, item.control))
+        try:
+            try:
+                steps = self._runner.steps(
+                    self._tasks[snapshot.task_type],
+                    snapshot,
+                    after_report=session.after_report,
+                    control=item.control,
+                )
+                name = f"perago-body-{snapshot.task_id}"
+                finished = await bodies.drive(steps, item.running, name)
+            except WorkerShutdown as e:
+                finished = Finished(outcome_of(e, where="run"))
+            except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
+                finished = _crashed(snapshot, e)
+            await bodies.step(item.running, self._conclude, session, finished)
+        except Interrupt as e:
+            _interrupted(session, e)
+        except BaseException as e:  # noqa: BLE001 - nobody awaits this coroutine: log it
+            log.error(
+                "attempt_crashed",
+                task_id=snapshot.task_id,
+                error=describe(e),
+                traceback=bounded_traceback(e),
+            )
+        finally:
+            extender.cancel()
+            await bodies.blocking(self._close, session)
+
+    def _open(self, item: _InFlight) -> _Session:
+        snapshot, control = item.snapshot, item.control
         metrics.IN_FLIGHT.inc()
         worker_id = self._settings.worker_id
         updates = TaskUpdates(
@@ -305,118 +404,51 @@ class Worker:
             ),
             read=lambda: self._orchestrator.get_task(snapshot.task_id),
         )
-        stop_extending = threading.Event()
-        extender = threading.Thread(
-            target=self._extend_response_timeout,
-            args=(snapshot, updates, stop_extending, control),
-            daemon=True,
-            name=f"perago-extend-{snapshot.task_id}",
-        )
-        extender.start()
-        step = "run"
         # Kept until the report is sent: a restart after a crash fails what it names (recovery);
         # an attempt interrupted before that keeps it, which is right: it was not reported.
-        record = self._records.add(snapshot, worker_id=worker_id)
         # The attempt directory goes after the report, before the record (recovery removes
         # what a crash in between leaves).
-        after_report = contextlib.ExitStack()
-        try:
-            try:
-                finished = self._runner.run(
-                    self._tasks[snapshot.task_type],
-                    snapshot,
-                    after_report=after_report,
-                    control=control,
-                )
-            except WorkerShutdown as e:
-                finished = Finished(outcome_of(e, where="run"))
-            except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
-                log.error(
-                    "attempt_crashed",
-                    workflow_id=snapshot.workflow_id,
-                    task_id=snapshot.task_id,
-                    error=describe(e),
-                    traceback=bounded_traceback(e),
-                )
-                metrics.REPORT_PROBLEMS.labels("runner_crashed").inc()
-                finished = Finished(
-                    outcome_of(
-                        e,
-                        where="internal error in the worker",
-                        advice="report it to the Perago maintainers (Conductor retries the task)",
-                    )
-                )
-            stop_extending.set()
-            metrics.ATTEMPTS.labels(snapshot.task_type, finished.outcome.status).inc()
-            step = "report"
-            self._report(snapshot, finished, updates)
-            step = "after report"
-            after_report.close()
-            self._records.remove(record)
-            steps.reached(Boundary.AFTER_COMPLETE)
-        except Interrupt as e:
-            # The drain interrupted the attempt in its report (or after it): without a report
-            # Conductor times the attempt out and retries it; the retry decides from HEAD.
-            metrics.REPORT_PROBLEMS.labels("interrupted").inc()
-            log.warning(
-                "attempt_interrupted",
-                reported=step == "after report",
-                workflow_id=snapshot.workflow_id,
-                task_id=snapshot.task_id,
-                retry_count=snapshot.retry_count,
-                step=step,
-                interrupt=type(e).__name__,
-            )
-        finally:
-            stop_extending.set()
-            after_report.close()
-            metrics.IN_FLIGHT.dec()
-            with self._lock:
-                self._inflight.pop(snapshot.task_id, None)
-                self._lock.notify_all()
+        record = self._records.add(snapshot, worker_id=worker_id)
+        return _Session(snapshot, updates, record)
 
-    def _extend_response_timeout(
-        self,
-        snapshot: TaskSnapshot,
-        updates: TaskUpdates,
-        stop: threading.Event,
-        control: AttemptControl,
-    ) -> None:
+    def _conclude(self, session: _Session, finished: Finished) -> None:
+        """Report the outcome, then remove the attempt's directory and record."""
+        session.stop_extending.set()
+        metrics.ATTEMPTS.labels(session.snapshot.task_type, finished.outcome.status).inc()
+        session.step = "report"
+        self._report(session.snapshot, finished, session.updates)
+        session.step = "after report"
+        session.after_report.close()
+        self._records.remove(session.record)
+        steps.reached(Boundary.AFTER_COMPLETE)
+
+    def _close(self, session: _Session) -> None:
+        session.stop_extending.set()
+        session.after_report.close()
+        metrics.IN_FLIGHT.dec()
+        with self._lock:
+            self._inflight.pop(session.snapshot.task_id, None)
+            self._lock.notify_all()
+
+    def _extend_response_timeout(self, session: _Session, control: AttemptControl) -> None:
         """Tell the orchestrator every third of the response timeout that the attempt lives
         (with the body's newest progress note), then read the task back: cancel the body
         once Conductor no longer counts on this attempt, or when the response timeout is
         about to run out because no extension got through."""
-        timeout = snapshot.response_timeout_seconds
-        if timeout <= 0:
-            return
-        interval = self._settings.extension_interval
-        every = interval.total_seconds() if interval else max(1.0, timeout / 3)
-        extended = time.monotonic()
-        while not stop.wait(every):
-            try:
-                if not updates.extend():
-                    return
-                extended = time.monotonic()
-                metrics.TIMEOUT_EXTENSIONS.labels("ok").inc()
-                log.debug("response_timeout_extended", task_id=snapshot.task_id)
-                now = self._orchestrator.get_task(snapshot.task_id)
-            except PeragoError as e:
-                metrics.TIMEOUT_EXTENSIONS.labels("failed").inc()
-                log.warning(
-                    "response_timeout_extension_failed", task_id=snapshot.task_id, error=e.message
-                )
-                if time.monotonic() - extended > timeout * LOSING_TIMEOUT_SHARE:
-                    control.cancel(
-                        f"no response-timeout extension reached Conductor for "
-                        f"{time.monotonic() - extended:.0f} of {timeout:.0f} s; Conductor "
-                        "will retry the task"
-                    )
-                continue
-            if stop.is_set():
+        extension = _Extension(self, session, control)
+        while extension.every and not session.stop_extending.wait(extension.every):
+            if not extension.once():
                 return
-            lost = _no_longer_ours(snapshot, now)
-            if lost:
-                control.cancel(lost)
+
+    async def _extend_async(self, session: _Session, control: AttemptControl) -> None:
+        """:meth:`_extend_response_timeout` for an async attempt: a task on the loop, the
+        requests on the loop's call pool (the attempt's report cancels it)."""
+        import asyncio
+
+        extension, bodies = _Extension(self, session, control), self._async_bodies()
+        while extension.every:
+            await asyncio.sleep(extension.every)
+            if session.stop_extending.is_set() or not await bodies.call(extension.once):
                 return
 
     def _report(self, snapshot: TaskSnapshot, finished: Finished, updates: TaskUpdates) -> None:
@@ -504,15 +536,94 @@ class Worker:
                 interrupt([item.snapshot.task_id for item in remaining])
         for item in remaining:
             log.warning("interrupting_attempt", task_id=item.snapshot.task_id)
-            _raise_in_thread(item.ident, WorkerShutdown)
+            item.interrupt()
         end = time.monotonic() + 15
-        for item in remaining:
-            item.thread.join(timeout=max(0.0, end - time.monotonic()))
+        with self._lock:
+            while self._inflight and (left := end - time.monotonic()) > 0:
+                self._lock.wait(timeout=min(left, 0.5))
 
 
 #: Share of the response timeout without a successful extension after which the body is
 #: asked to stop: Conductor is about to time the attempt out and retry it.
 LOSING_TIMEOUT_SHARE = 0.8
+
+
+class _Extension:
+    """One attempt's response-timeout extensions, one at a time (:meth:`once`)."""
+
+    def __init__(self, worker: Worker, session: _Session, control: AttemptControl) -> None:
+        self._worker, self._session, self._control = worker, session, control
+        self.timeout = session.snapshot.response_timeout_seconds
+        interval = worker._settings.extension_interval
+        every = interval.total_seconds() if interval else max(1.0, self.timeout / 3)
+        #: Seconds between extensions (0: the task has no response timeout to extend).
+        self.every = every if self.timeout > 0 else 0.0
+        self._extended = time.monotonic()
+
+    def once(self) -> bool:
+        """Extend and read the task back; False once there is nothing more to extend."""
+        snapshot, control = self._session.snapshot, self._control
+        try:
+            if not self._session.updates.extend():
+                return False
+            self._extended = time.monotonic()
+            metrics.TIMEOUT_EXTENSIONS.labels("ok").inc()
+            log.debug("response_timeout_extended", task_id=snapshot.task_id)
+            now = self._worker._orchestrator.get_task(snapshot.task_id)
+        except PeragoError as e:
+            metrics.TIMEOUT_EXTENSIONS.labels("failed").inc()
+            log.warning(
+                "response_timeout_extension_failed", task_id=snapshot.task_id, error=e.message
+            )
+            silent = time.monotonic() - self._extended
+            if silent > self.timeout * LOSING_TIMEOUT_SHARE:
+                control.cancel(
+                    f"no response-timeout extension reached Conductor for {silent:.0f} of "
+                    f"{self.timeout:.0f} s; Conductor will retry the task"
+                )
+            return True
+        if self._session.stop_extending.is_set():
+            return False
+        lost = _no_longer_ours(snapshot, now)
+        if lost:
+            control.cancel(lost)
+            return False
+        return True
+
+
+def _crashed(snapshot: TaskSnapshot, e: Exception) -> Finished:
+    """The outcome of a runner that raised (a bug): FAILED, so Conductor retries."""
+    log.error(
+        "attempt_crashed",
+        workflow_id=snapshot.workflow_id,
+        task_id=snapshot.task_id,
+        error=describe(e),
+        traceback=bounded_traceback(e),
+    )
+    metrics.REPORT_PROBLEMS.labels("runner_crashed").inc()
+    return Finished(
+        outcome_of(
+            e,
+            where="internal error in the worker",
+            advice="report it to the Perago maintainers (Conductor retries the task)",
+        )
+    )
+
+
+def _interrupted(session: _Session, e: Interrupt) -> None:
+    """The drain interrupted the attempt in its report (or after it): without a report
+    Conductor times the attempt out and retries it; the retry decides from HEAD."""
+    snapshot = session.snapshot
+    metrics.REPORT_PROBLEMS.labels("interrupted").inc()
+    log.warning(
+        "attempt_interrupted",
+        reported=session.step == "after report",
+        workflow_id=snapshot.workflow_id,
+        task_id=snapshot.task_id,
+        retry_count=snapshot.retry_count,
+        step=session.step,
+        interrupt=type(e).__name__,
+    )
 
 
 def _no_longer_ours(delivery: TaskSnapshot, now: TaskSnapshot | None) -> str:

@@ -10,7 +10,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -49,6 +49,7 @@ from perago.steps import Boundary, Phase
 from perago.store import VersionStore
 from perago.task import RemoteWorkspace, TaskDefinition
 from perago.task_io import MAX_PARAMS_BYTES, WorkspaceInput, check_param_keys
+from perago.worker.async_bodies import AsyncBody, drive
 from perago.worker.attempt import RunningAttempt
 from perago.worker.inputs import (
     OneDownloadAtATime,
@@ -90,6 +91,10 @@ SHUTDOWN = Outcome("FAILED", reason="worker shutdown: the attempt was interrupte
 
 #: Events carry the attempt's context from structlog's contextvars (RunningAttempt.logging).
 log = structlog.get_logger("perago.worker.attempt")
+
+#: An attempt as a generator: it yields once per ``async def`` body, the body's coroutine,
+#: for its driver to await (perago.worker.async_bodies), and returns what it returns.
+Steps = Generator[AsyncBody, Any, "Finished"]
 
 
 @dataclass(frozen=True)
@@ -220,6 +225,19 @@ class AttemptRunner:
                 finished = self.run(defn, task, after_report=cleanup, control=control)
                 finished.release()
                 return Finished(finished.outcome)
+        return drive(self.steps(defn, task, after_report=after_report, control=control))
+
+    def steps(
+        self,
+        defn: TaskDefinition[Any, Any],
+        task: TaskSnapshot,
+        *,
+        after_report: contextlib.ExitStack,
+        control: AttemptControl | None = None,
+    ) -> Steps:
+        """:meth:`run` as steps: the worker drives an async body's attempt on its event
+        loop, so the body holds no thread while it awaits (materialising and publishing run
+        on the loop's thread pool)."""
         attempt = RunningAttempt.start(
             defn,
             task,
@@ -247,7 +265,7 @@ class AttemptRunner:
                 return Finished(outcome_of(e, where=where))
             with attempt.logging():
                 log.info("pre_guardrails_passed", read_only=defn.workspace.read_only)
-                finished = self._run_checked(attempt)
+                finished = yield from self._run_checked(attempt)
                 outcome = finished.outcome
                 log.info(
                     "attempt_finished",
@@ -356,13 +374,13 @@ class AttemptRunner:
                 repo, ws.branch, task=defn.name, narrowed=spec.allowed_targets
             )
 
-    def _run_checked(self, attempt: RunningAttempt) -> Finished:
+    def _run_checked(self, attempt: RunningAttempt) -> Steps:
         try:
             if attempt.defn.system:
                 return self._run_system(attempt)
             if attempt.defn.workspace.in_place:
-                return self._run_in_place(attempt)
-            return self._run_local(attempt)
+                return (yield from self._run_in_place(attempt))
+            return (yield from self._run_local(attempt))
         except WorkerShutdown as e:
             log.warning("attempt_interrupted", step=attempt.step)
             return Finished(outcome_of(e, where=attempt.step))
@@ -497,7 +515,7 @@ class AttemptRunner:
             non_retryable=True,
         )
 
-    def _run_local(self, attempt: RunningAttempt) -> Finished:
+    def _run_local(self, attempt: RunningAttempt) -> Steps:
         """Local projection: download the prefix, run, diff, stage, publish."""
         self._refuse_projection_on_a_cluster(attempt)
         attempt.step = Phase.MATERIALIZE
@@ -532,7 +550,7 @@ class AttemptRunner:
             else None
         )
         steps.reached(Boundary.AFTER_MATERIALIZE)
-        checked = self._body_and_checks(
+        checked = yield from self._body_and_checks(
             attempt, attempt_dir.workspace, inputs.view if inputs else None
         )
         if inputs is not None:
@@ -571,7 +589,7 @@ class AttemptRunner:
         log.info("fetched_for_comparison", files=len(paths))
         return root
 
-    def _run_in_place(self, attempt: RunningAttempt) -> Finished:
+    def _run_in_place(self, attempt: RunningAttempt) -> Steps:
         """In place: the body reads the input ref and writes the staging branch over S3."""
         attempt.step = Phase.STAGE
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
@@ -588,7 +606,7 @@ class AttemptRunner:
                 prefix=prefix,
                 inputs=dict(inputs),
             )
-            checked = self._body_and_checks(attempt, remote, inputs)
+            checked = yield from self._body_and_checks(attempt, remote, inputs)
         except BaseException:
             self._publisher.cancel(repo, staging)
             raise
@@ -599,10 +617,10 @@ class AttemptRunner:
 
     def _body_and_checks(
         self, attempt: RunningAttempt, workspace: Any, inputs: Inputs[Any] | None = None
-    ) -> BaseModel:
+    ) -> Generator[AsyncBody, Any, BaseModel]:
         attempt.step = Phase.BODY
         try:
-            result = self._call_body(attempt, workspace, inputs)
+            result = yield from self._call_body(attempt, workspace, inputs)
         except Exception:
             _stop_if_cancelled(attempt)
             raise
@@ -614,12 +632,14 @@ class AttemptRunner:
 
     def _call_body(
         self, attempt: RunningAttempt, workspace: Any, inputs: Inputs[Any] | None
-    ) -> Any:
+    ) -> Generator[AsyncBody, Any, Any]:
         defn, params = attempt.defn, attempt.params
         kwargs: dict[str, Any] = {}
         if defn.wants_inputs:
             kwargs["inputs"] = inputs
         with attempt_context(attempt.info(), attempt.control):
+            if defn.is_async:  # the driver awaits it, in this context
+                return (yield AsyncBody(defn.fn(workspace, params, **kwargs)))
             if defn.wants_spark:
                 if self._spark is None:
                     raise TaskError(

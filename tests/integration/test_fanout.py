@@ -10,6 +10,7 @@ import io
 import itertools
 import os
 import signal
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -314,6 +315,50 @@ def test_a_task_type_capped_at_one_runs_alone_while_light_ones_keep_flowing(
     light_ends = [spans[f"l{i}"][1] for i in range(6)]
     assert sum(end < first_heavy_end for end in light_ends) >= 3, (heavy_spans, light_ends)
     assert w.wait_for("worker_started")["task_concurrency"] == {f"pt_heavy_{unique}": 1}
+
+
+def test_thirty_async_bodies_run_at_once_on_few_threads(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """A fan-out of 30 `async def` writers on one worker with --concurrency 30: all 30
+    bodies await at once while the worker process has far fewer threads than attempts (each
+    plain attempt holds two), then each publishes its partition."""
+    name = f"pt_wf_async_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        dynamic_fork("${workflow.input.dynamicTasks}", "${workflow.input.dynamicTasksInput}"),
+    )
+    workspace = {"repository": repo, "branch": "main", "ref": store.branch_head(repo, "main")}
+    go = tmp_path / "go"
+    parts = [f"a{i}" for i in range(30)]
+    tasks = [
+        {"name": f"pt_async_part_{unique}", "taskReferenceName": p, "type": "SIMPLE"} for p in parts
+    ]
+    inputs = {p: {"workspace": workspace, "params": {"part": p, "go": str(go)}} for p in parts}
+    wid = conductor.start_workflow(
+        name, {"workspace": workspace, "dynamicTasks": tasks, "dynamicTasksInput": inputs}
+    )
+    with worker(env, tmp_path / "w.log", concurrency=30) as w:
+        deadline = time.monotonic() + 120
+        while sum(e.get("event") == "attempt_progress" for e in w.events()) < 30:
+            assert time.monotonic() < deadline, "30 async bodies never waited at once"
+            time.sleep(0.2)
+        status = Path(f"/proc/{w.proc.pid}/status").read_text()
+        threads = int(status.split("Threads:")[1].split()[0])
+        go.write_text("go")
+        wf = wait_workflow(conductor, wid, timeout=180)
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    print(f"worker threads with 30 async bodies waiting: {threads}")
+    assert threads < 30, f"{threads} threads for 30 waiting async bodies"
+    for p in parts:
+        assert text(store, repo, f"parts/p={p}/rows.csv") == f"{p},0\n"
+    assert_clean(store, repo, env, set(parts))
 
 
 def test_do_while_and_switch_still_publish_serially(

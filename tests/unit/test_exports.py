@@ -34,6 +34,7 @@ def test_public_names() -> None:
             "progress",
             "task",
             "wait_cancelled",
+            "wait_cancelled_async",
         ]
     )
     # Nothing public is reachable that the façade does not name (submodules aside).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from datetime import timedelta
@@ -216,3 +217,23 @@ def light(workspace: Path, params: PartParams) -> PartResult:
     """A light task type beside it."""
     time.sleep(params.sleep)
     return PartResult(part=params.part, rows=0)
+
+
+class AsyncPartParams(BaseModel):
+    part: str
+    go: str  # a file the test creates once every body is waiting
+
+
+@task(
+    f"pt_async_part_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="parts/p={part}/"),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+)
+async def async_part(workspace: Path, params: AsyncPartParams) -> PartResult:
+    """An `async def` fan-out writer: notes it is waiting, awaits the go file, writes."""
+    progress("waiting for the go file")
+    while not Path(params.go).exists():
+        await asyncio.sleep(0.05)
+    (workspace / "rows.csv").write_text(f"{params.part},0\n")
+    return PartResult(part=params.part, rows=1)
