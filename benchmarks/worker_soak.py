@@ -2,7 +2,8 @@
 
 One ``perago worker benchmarks.worker_soak_tasks --concurrency 8`` runs one-step workflows
 of four task types, started so that about 16 are open at a time: light writers (each its
-own partition; one in ten fails its first attempt and is retried), read-only readers, and
+own partition; one in ten fails its first attempt and is retried), read-only readers (of a
+fixed folder of 200 files), and
 one Spark task in twenty (capped at one attempt at a time). Every 2 s the worker process's
 RSS, threads and open file descriptors are sampled, and the RSS of the Spark driver JVM
 under it. At the end, cancellable slow tasks are started and the worker is drained with
@@ -33,7 +34,7 @@ from perago.conductor.registry import discover, register
 from perago.config import load
 
 KINDS = {"soak_write": 0.75, "soak_read": 0.20, "soak_spark": 0.05}
-OPEN, WARM_UP, SLOW = 16, 200, 4
+OPEN, WARM_UP, SLOW, REF_FILES = 16, 200, 4, 200
 
 
 def _sample(pid: int) -> dict[str, int]:
@@ -106,6 +107,11 @@ def main(argv: list[str]) -> int:
     suffix = uuid.uuid4().hex[:6]
     repo = f"bench-soak-{suffix}"
     store.create_repository(repo)
+    # The readers read a fixed folder: the work per attempt stays the same all along the run
+    # (reading every partition written so far would grow it, and the memory with it).
+    for i in range(REF_FILES):
+        store.upload_bytes(repo, "main", f"soak_ref/r{i}.bin", os.urandom(2048))
+    store.commit(repo, "main", message="soak: the readers' folder", metadata={})
     register(conductor, discover(["benchmarks.worker_soak_tasks"]))
     names = _workflows(conductor, suffix)
     log = Path(settings.work_dir) / f"bench-soak-{suffix}.log"

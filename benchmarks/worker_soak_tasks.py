@@ -31,7 +31,7 @@ def soak_write(workspace: Path, params: Part) -> Done:
     return Done(files=3)
 
 
-@task("soak_read", workspace=WorkspaceSpec(prefix="soak/", read_only=True), retry_count=2)
+@task("soak_read", workspace=WorkspaceSpec(prefix="soak_ref/", read_only=True), retry_count=2)
 def soak_read(workspace: Path, params: Part) -> Done:
     return Done(files=sum(1 for p in workspace.rglob("*") if p.is_file()))
 
