@@ -89,6 +89,19 @@ def simple_task(name: str, ref: str, workspace: str, params: dict[str, Any]) -> 
     }
 
 
+def fork(ref: str, branches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """A FORK_JOIN ``ref`` of the given branches, then its JOIN ``<ref>_join``."""
+    return [
+        {"name": ref, "taskReferenceName": ref, "type": "FORK_JOIN", "forkTasks": branches},
+        {
+            "name": f"{ref}_join",
+            "taskReferenceName": f"{ref}_join",
+            "type": "JOIN",
+            "joinOn": [b[-1]["taskReferenceName"] for b in branches],
+        },
+    ]
+
+
 def dynamic_fork(tasks: str, inputs: str) -> list[dict[str, Any]]:
     """A FORK_JOIN_DYNAMIC over the tasks and inputs the given expressions name, then its
     JOIN (``fan`` and ``fan_join``)."""

@@ -25,6 +25,7 @@ from perago.failpoints import POINTS
 from .harness import (
     attempts,
     dynamic_fork,
+    fork,
     held_leases,
     perago_cli,
     publications,
@@ -47,18 +48,6 @@ def env(make_env: Callable[..., dict[str, str]]) -> dict[str, str]:
 
 def part_task(unique: str, ref: str, part: str, **params: Any) -> dict[str, Any]:
     return simple_task(f"pt_part_{unique}", ref, PINNED, {"part": part, **params})
-
-
-def fork(ref: str, branches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    return [
-        {"name": ref, "taskReferenceName": ref, "type": "FORK_JOIN", "forkTasks": branches},
-        {
-            "name": f"{ref}_join",
-            "taskReferenceName": f"{ref}_join",
-            "type": "JOIN",
-            "joinOn": [b[-1]["taskReferenceName"] for b in branches],
-        },
-    ]
 
 
 def join_step(unique: str, after: list[str]) -> dict[str, Any]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
 import os
 import signal
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +20,7 @@ from perago.adapters.lakefs import LakeFSStore
 
 from .harness import (
     attempts,
+    fork,
     free_port,
     http_get,
     publications,
@@ -67,7 +73,8 @@ def spark_worker(
     }
     register_tasks(env, MODULE)
     WORKER_LOGS[suffix] = tmp / "w.log"
-    with worker(env, tmp / "w.log", module=MODULE):
+    # 9 slots: the capped Spark task type takes at most 1, the light one at most 8
+    with worker(env, tmp / "w.log", module=MODULE, concurrency=9):
         yield suffix
 
 
@@ -130,6 +137,56 @@ def test_failed_spark_job_publishes_nothing(
     assert store.branch_head(repo, "main") == seeded
     assert publications(store, repo) == []
     assert staging_branches(store, repo) == []
+
+
+def test_a_spark_task_capped_at_one_runs_alone_while_light_ones_keep_flowing(
+    spark_worker: str, conductor: ConductorClient, repo: str, unique: str, seeded: str
+) -> None:
+    """One worker with 9 slots: a Spark task type with `concurrency=1` never runs two
+    attempts at once, a light type with `concurrency=8` never more than 8, and light
+    attempts keep finishing while a Spark attempt runs."""
+    pinned = "${workflow.input.workspace}"
+    spark = [
+        simple_task(f"ps_capped_{spark_worker}", f"s{i}", pinned, {"part": f"s{i}", "seconds": 1})
+        for i in range(3)
+    ]
+    light = [
+        simple_task(f"ps_light_{spark_worker}", f"l{i}", pinned, {"part": f"l{i}"})
+        for i in range(16)
+    ]
+    name = f"ps_wf_caps_{unique}"
+    put_workflow(conductor, name, fork("split", [[t] for t in spark + light]))
+    wf = wait_workflow(conductor, start(conductor, name, repo), timeout=300)
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    spans: dict[str, list[float]] = {}
+    for e in _events(WORKER_LOGS[spark_worker]):
+        if e.get("workflow_id") == wf["workflowId"] and e.get("event") in (
+            "pre_guardrails_passed",
+            "attempt_finished",
+        ):
+            spans.setdefault(e["task_ref"], []).append(_at(e["timestamp"]))
+    spark_spans = sorted(tuple(spans[f"s{i}"]) for i in range(3))
+    for (_, end), (start_next, _) in itertools.pairwise(spark_spans):
+        assert start_next >= end, f"two Spark attempts overlapped: {spark_spans}"
+    light_spans = [tuple(spans[f"l{i}"]) for i in range(16)]
+    most = max(sum(s <= at < e for s, e in light_spans) for at, _ in light_spans)
+    assert most <= 8, f"{most} light attempts ran at once"
+    first_spark_start, first_spark_end = spark_spans[0]
+    during = [e for _, e in light_spans if first_spark_start < e < first_spark_end]
+    assert len(during) >= 3, (spark_spans, light_spans)
+
+
+def _events(log: Path) -> list[dict[str, Any]]:
+    events = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+    return events
+
+
+def _at(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_a_name_error_in_a_spark_body_shows_file_and_line_where_people_look(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -70,3 +71,37 @@ def slow(workspace: RemoteWorkspace, params: SlowParams, spark: Any) -> SparkRes
         df.write.mode("overwrite").parquet(workspace.output_uri + "slow/")
         return SparkResult(rows=params.rows)
     return SparkResult(rows=len(df.collect()))
+
+
+class CappedParams(BaseModel):
+    part: str
+    seconds: float = 0.3
+
+
+class CappedResult(BaseModel):
+    part: str
+
+
+@task(
+    f"ps_capped_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="capped/", read_only=True),
+    concurrency=1,
+    **OPTS,
+)
+def capped(workspace: Path, params: CappedParams, spark: Any) -> CappedResult:
+    """A Spark task type one worker runs one at a time (`concurrency=1`)."""
+    spark.range(100_000).selectExpr("sum(id)").collect()
+    time.sleep(params.seconds)
+    return CappedResult(part=params.part)
+
+
+@task(
+    f"ps_light_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="light/", read_only=True),
+    concurrency=8,
+    **OPTS,
+)
+def light(workspace: Path, params: CappedParams) -> CappedResult:
+    """A light task type beside it, capped at 8 of the worker's 9 slots."""
+    time.sleep(params.seconds)
+    return CappedResult(part=params.part)
