@@ -855,7 +855,7 @@ class TaskEnvironment:
         if defn.wants_inputs:
             kwargs["inputs"] = self._inputs(defn, checked, inputs or {})
         with attempt_context(current):
-            result = defn.fn(workspace, checked, **kwargs)
+            result: Any = defn.fn(workspace, checked, **kwargs)
             if defn.is_async:  # an async def body: awaited on a fresh loop, as drive() does
                 import asyncio
 
