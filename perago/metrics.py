@@ -17,6 +17,7 @@ __all__ = [
     "FILES",
     "IN_FLIGHT",
     "JANITOR_REMOVALS",
+    "LINEAGE_EVENTS",
     "PUBLISH_SECONDS",
     "REPORT_PROBLEMS",
     "REPORT_RESENDS",
@@ -75,6 +76,11 @@ EVENT_LOOP_BLOCKED = Counter(
     "Times an async task body blocked the worker's event loop for a second or more.",
 )
 IN_FLIGHT = Gauge("perago_attempts_in_flight", "Attempts running in this worker.")
+LINEAGE_EVENTS = Counter(
+    "perago_lineage_events_total",
+    "OpenLineage run events: sent, failed to send, dropped (the queue was full).",
+    ["result"],
+)
 JANITOR_REMOVALS = Counter(
     "perago_janitor_removals_total",
     "Leftovers removed by the janitor: staging branches and expired branch leases.",

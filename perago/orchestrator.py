@@ -48,6 +48,8 @@ class TaskSnapshot:
     input: dict[str, Any]
     update_time_ms: int = 0
     terminal: bool = False
+    #: The workflow's name (Conductor's workflowType; "" where unknown).
+    workflow_type: str = ""
 
 
 @dataclass(frozen=True)

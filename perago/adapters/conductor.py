@@ -181,6 +181,7 @@ def task_snapshot(t: dict[str, Any]) -> TaskSnapshot:
         input=dict(t.get("inputData") or {}),
         update_time_ms=int(t.get("updateTime") or t.get("endTime") or 0),
         terminal=status in _TERMINAL_TASK,
+        workflow_type=str(t.get("workflowType") or ""),
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from perago import metrics, steps
+from perago import metrics, steps, tracing
 from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.errors import (
     ConflictError,
@@ -295,7 +295,9 @@ class Publisher:
             started = time.monotonic()
             with _turn(lease):
                 published = self._confirm(me, target, staged, lease)
-            metrics.PUBLISH_SECONDS.labels("publish").observe(time.monotonic() - started)
+            metrics.PUBLISH_SECONDS.labels("publish").observe(
+                time.monotonic() - started, exemplar=tracing.exemplar()
+            )
             steps.reached(Boundary.AFTER_PUBLISH)
             return Publication(published, lease)
 

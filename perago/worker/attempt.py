@@ -16,13 +16,26 @@ from typing import Any
 import structlog
 from pydantic import BaseModel
 
+from perago import tracing
 from perago.context import AttemptControl, AttemptInfo
 from perago.orchestrator import TaskSnapshot
 from perago.publish.identity import AttemptIdentity, WorkspaceTarget
 from perago.steps import Phase
 from perago.task import TaskDefinition
 
-__all__ = ["RunningAttempt"]
+__all__ = ["PHASE_SPANS", "RunningAttempt"]
+
+#: The span each phase opens in the attempt's trace (perago.tracing); the publisher's step
+#: boundaries split "stage" further into "fences" and "merge".
+PHASE_SPANS = {
+    Phase.START: "guardrails",
+    Phase.MATERIALIZE: "materialize",
+    Phase.BODY: "body",
+    Phase.POST_GUARDRAIL: "post-guardrail",
+    Phase.DIFF: "diff",
+    Phase.STAGE: "staging branch",
+    Phase.PUBLISH: "stage",
+}
 
 
 @dataclass
@@ -41,6 +54,8 @@ class RunningAttempt:
     after_report: ExitStack = field(default_factory=ExitStack)
     #: Cancellation and progress notes between the body and the worker.
     control: AttemptControl = field(default_factory=AttemptControl)
+    #: It ended drained or cancelled (a lineage ABORT, not a FAIL).
+    aborted: bool = False
 
     @classmethod
     def start(
@@ -76,6 +91,16 @@ class RunningAttempt:
         """The pre-guardrails passed: the target, the params and the scope are known."""
         self.target, self.params = target, params
         self.identity = replace(self.identity, scope=scope)
+
+    def enter(self, phase: Phase) -> None:
+        """The attempt goes on to ``phase`` (failure messages name it; its trace opens it)."""
+        self.step = phase
+        tracing.phase(PHASE_SPANS[phase])
+
+    @property
+    def scope(self) -> str:
+        """The rendered scope ("" before the pre-guardrails passed)."""
+        return self.identity.scope or ""
 
     @property
     def prefix(self) -> str:

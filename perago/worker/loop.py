@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from perago import failpoints, metrics, steps
+from perago import failpoints, lineage_events, metrics, steps, tracing
 from perago.config import Settings
 from perago.context import AttemptControl
 from perago.coord.branch_leases import BranchLeases
@@ -69,6 +69,7 @@ class _Session:
     after_report: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     stop_extending: threading.Event = field(default_factory=threading.Event)
     step: str = "run"
+    trace: tracing.AttemptTrace | None = None
 
 
 def task_domain(defn: TaskDefinition[Any, Any], settings: Settings) -> str | None:
@@ -148,6 +149,8 @@ class Worker:
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
         failpoints.configure()
+        tracing.configure()  # both off unless their standard variables ask for them
+        lineage_events.configure()
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
@@ -172,6 +175,8 @@ class Worker:
                 self._async.close()
             if self._runner.cache is not None:
                 self._runner.cache.close()  # its files are vouched for by this process only
+            tracing.shutdown()
+            lineage_events.shutdown()
             if http is not None:
                 http.stop()
         log.info("worker_stopped", worker_id=self._settings.worker_id)
@@ -342,12 +347,13 @@ class Worker:
         ).start()
         try:
             try:
-                finished = self._runner.run(
-                    self._tasks[snapshot.task_type],
-                    snapshot,
-                    after_report=session.after_report,
-                    control=item.control,
-                )
+                with tracing.tracing(session.trace):
+                    finished = self._runner.run(
+                        self._tasks[snapshot.task_type],
+                        snapshot,
+                        after_report=session.after_report,
+                        control=item.control,
+                    )
             except WorkerShutdown as e:
                 finished = Finished(outcome_of(e, where="run"))
             except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
@@ -374,7 +380,8 @@ class Worker:
                     control=item.control,
                 )
                 name = f"perago-body-{snapshot.task_id}"
-                finished = await bodies.drive(steps, item.running, name)
+                with tracing.tracing(session.trace):  # drive() copies this context
+                    finished = await bodies.drive(steps, item.running, name)
             except WorkerShutdown as e:
                 finished = Finished(outcome_of(e, where="run"))
             except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
@@ -409,20 +416,33 @@ class Worker:
         # The attempt directory goes after the report, before the record (recovery removes
         # what a crash in between leaves).
         record = self._records.add(snapshot, worker_id=worker_id)
-        return _Session(snapshot, updates, record)
+        trace = tracing.begin(
+            task_type=snapshot.task_type,
+            workflow_id=snapshot.workflow_id,
+            task_id=snapshot.task_id,
+            step=snapshot.reference_name,
+            retry_count=snapshot.retry_count,
+        )
+        return _Session(snapshot, updates, record, trace=trace)
 
     def _conclude(self, session: _Session, finished: Finished) -> None:
         """Report the outcome, then remove the attempt's directory and record."""
         session.stop_extending.set()
         metrics.ATTEMPTS.labels(session.snapshot.task_type, finished.outcome.status).inc()
         session.step = "report"
+        if session.trace is not None:
+            session.trace.phase("report")
         self._report(session.snapshot, finished, session.updates)
+        if session.trace is not None:
+            session.trace.end(finished.outcome.status, finished.outcome.reason)
         session.step = "after report"
         session.after_report.close()
         self._records.remove(session.record)
         steps.reached(Boundary.AFTER_COMPLETE)
 
     def _close(self, session: _Session) -> None:
+        if session.trace is not None:  # ended in its report already, unless interrupted
+            session.trace.end("INTERRUPTED", f"interrupted at {session.step}")
         session.stop_extending.set()
         session.after_report.close()
         metrics.IN_FLIGHT.dec()

@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from perago import metrics, steps
+from perago import lineage_events, metrics, steps, tracing
 from perago.config import Settings
 from perago.context import AttemptControl, attempt_context
 from perago.coord.branch_leases import BranchLease, BranchLeases
@@ -246,11 +246,18 @@ class AttemptRunner:
             control=control,
         )
         started = time.monotonic()
+        attempt.enter(Phase.START)
         with attempt.logging():
             try:
                 target, params = self._pre_guardrails(defn, task.input, attempt.identity)
                 # the scope is recorded in every commit of this attempt (perago.publish.scope)
                 attempt.resolved(target, params, defn.workspace.render(params))
+                tracing.annotate(
+                    scope=attempt.scope,
+                    repository=target.repository,
+                    branch=target.branch,
+                    input_ref=target.input_ref,
+                )
                 me = attempt.identity
                 if not defn.workspace.read_only and isinstance(self._ledger, ParentSteps):
                     # a step of a retried sub-workflow is the same logical step (perago.lineage)
@@ -258,13 +265,14 @@ class AttemptRunner:
                     attempt.identity = replace(me, step_key=key, lineage_retries=retries)
             except GuardrailError as e:
                 log.warning("pre_guardrails_failed", reason=e.message)
-                return Finished(outcome_of(e, where="pre-guardrail"))
+                return _ended(attempt, Finished(outcome_of(e, where="pre-guardrail")))
             except PeragoError as e:
                 log.warning("pre_guardrails_unavailable", reason=e.message)
                 where = "pre-guardrail (store or Conductor unavailable)"
-                return Finished(outcome_of(e, where=where))
+                return _ended(attempt, Finished(outcome_of(e, where=where)))
             with attempt.logging():
                 log.info("pre_guardrails_passed", read_only=defn.workspace.read_only)
+                lineage_events.started(attempt)
                 finished = yield from self._run_checked(attempt)
                 outcome = finished.outcome
                 log.info(
@@ -274,7 +282,7 @@ class AttemptRunner:
                     ref=outcome.output.get("workspace", {}).get("ref"),
                     seconds=round(time.monotonic() - started, 3),
                 )
-                return finished
+                return _ended(attempt, finished)
 
     def _pre_guardrails(
         self, defn: TaskDefinition[Any, Any], raw: dict[str, Any], me: AttemptIdentity
@@ -383,6 +391,7 @@ class AttemptRunner:
             return (yield from self._run_local(attempt))
         except WorkerShutdown as e:
             log.warning("attempt_interrupted", step=attempt.step)
+            attempt.aborted = True
             return Finished(outcome_of(e, where=attempt.step))
         except LeaseLostError as e:
             log.warning("lease_lost", step=attempt.step, reason=str(e))
@@ -421,7 +430,7 @@ class AttemptRunner:
         repo = source.repository
         check_attempt(self._ledger, me, worker_id=self._settings.worker_id)
         if attempt.defn.system == wap.BEGIN:
-            attempt.step = Phase.STAGE
+            attempt.enter(Phase.STAGE)
             branch = wap_branch_name(me.workflow_id, self._settings.cluster_id)
             with contextlib.suppress(NotFoundError):  # an earlier try of this begin made it
                 self._store.delete_branch(repo, branch)
@@ -437,7 +446,7 @@ class AttemptRunner:
             )
         params = attempt.params
         assert isinstance(params, wap.PublishParams)
-        attempt.step = Phase.PUBLISH
+        attempt.enter(Phase.PUBLISH)
         try:
             self._store.get_commit(repo, params.base)
         except NotFoundError as e:
@@ -518,7 +527,7 @@ class AttemptRunner:
     def _run_local(self, attempt: RunningAttempt) -> Steps:
         """Local projection: download the prefix, run, diff, stage, publish."""
         self._refuse_projection_on_a_cluster(attempt)
-        attempt.step = Phase.MATERIALIZE
+        attempt.enter(Phase.MATERIALIZE)
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
         attempt_dir = AttemptDirectory(self._settings.work_dir, me.task_id)
         attempt.after_report.callback(attempt_dir.remove)
@@ -558,7 +567,7 @@ class AttemptRunner:
         if attempt.defn.workspace.read_only:
             log.info("read_only_completed", ref=target.input_ref)
             return self._completed(target, Publication(target.input_ref), checked)
-        attempt.step = Phase.DIFF
+        attempt.enter(Phase.DIFF)
         diff = compute_diff(manifest, attempt_dir.workspace)
         log.info("diffed", **diff.summary())
         spec = attempt.defn.workspace
@@ -569,7 +578,7 @@ class AttemptRunner:
         if renames_ok and only_renames(manifest, diff, attempt_dir.workspace, fetch_old=fetch_old):
             log.info("only_renamed_same_bytes", renamed=len(diff.added))
             diff = Diff()  # the published tree would differ by file names alone
-        attempt.step = Phase.PUBLISH
+        attempt.enter(Phase.PUBLISH)
         publication = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
         return self._completed(target, publication, checked)
 
@@ -591,7 +600,7 @@ class AttemptRunner:
 
     def _run_in_place(self, attempt: RunningAttempt) -> Steps:
         """In place: the body reads the input ref and writes the staging branch over S3."""
-        attempt.step = Phase.STAGE
+        attempt.enter(Phase.STAGE)
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
         staging = self._publisher.open_in_place(me, target)
         repo = target.repository
@@ -610,7 +619,7 @@ class AttemptRunner:
         except BaseException:
             self._publisher.cancel(repo, staging)
             raise
-        attempt.step = Phase.PUBLISH
+        attempt.enter(Phase.PUBLISH)
         # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
         publication = self._publisher.publish_in_place(me, target, prefix=prefix)
         return self._completed(target, publication, checked)
@@ -618,7 +627,7 @@ class AttemptRunner:
     def _body_and_checks(
         self, attempt: RunningAttempt, workspace: Any, inputs: Inputs[Any] | None = None
     ) -> Generator[AsyncBody, Any, BaseModel]:
-        attempt.step = Phase.BODY
+        attempt.enter(Phase.BODY)
         try:
             result = yield from self._call_body(attempt, workspace, inputs)
         except Exception:
@@ -627,7 +636,7 @@ class AttemptRunner:
         _stop_if_cancelled(attempt)
         log.info("body_finished")
         steps.reached(Boundary.AFTER_BODY)
-        attempt.step = Phase.POST_GUARDRAIL
+        attempt.enter(Phase.POST_GUARDRAIL)
         return check_result(attempt.defn, result)
 
     def _call_body(
@@ -650,16 +659,26 @@ class AttemptRunner:
                 session = self._spark()
                 # This attempt's Spark jobs carry its tag, so a drain interrupts them and
                 # no other attempt's (SparkSessions.interrupt).
-                tag = spark_tag(attempt.identity.task_id)
+                tags = [spark_tag(attempt.identity.task_id)]
+                trace = tracing.current()
+                if trace is not None:  # the trace id in the Spark UI: a tag and a description
+                    tags.append(f"perago-trace-{trace.trace_id}")
+                    with contextlib.suppress(Exception):  # Spark Connect has no SparkContext
+                        session.sparkContext.setJobDescription(
+                            f"perago {defn.name} {attempt.identity.task_id} "
+                            f"trace_id={trace.trace_id}"
+                        )
                 tagging = hasattr(session, "addTag")
                 if tagging:
-                    session.addTag(tag)
+                    for tag in tags:
+                        session.addTag(tag)
                 try:
                     return defn.fn(workspace, params, spark=session, **kwargs)
                 finally:
                     if tagging:
                         with contextlib.suppress(Exception):  # a dead JVM: nothing to untag
-                            session.removeTag(tag)
+                            for tag in tags:
+                                session.removeTag(tag)
             return defn.fn(workspace, params, **kwargs)
 
     @staticmethod
@@ -678,6 +697,14 @@ class AttemptRunner:
             output["inputs"] = {read.name: read.as_output() for read in target.reads}
         outcome = Outcome("COMPLETED", output=output)
         return Finished(outcome, publication.lease)
+
+
+def _ended(attempt: RunningAttempt, finished: Finished) -> Finished:
+    """Tell the trace and the lineage receiver how the attempt ended."""
+    outcome = finished.outcome
+    tracing.annotate(output_ref=outcome.output.get("workspace", {}).get("ref"))
+    lineage_events.finished(attempt, outcome, aborted=attempt.aborted)
+    return finished
 
 
 def _stop_if_cancelled(attempt: RunningAttempt) -> None:

@@ -20,7 +20,12 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 DIST = PYPROJECT["project"]["name"]
-OPTIONAL = {"spark": {"pyspark"}, "aws": {"boto3", "botocore"}}
+OPTIONAL = {
+    "spark": {"pyspark"},
+    "aws": {"boto3", "botocore"},
+    "otel": {"opentelemetry"},
+    "lineage": {"openlineage"},
+}
 
 
 def _requirements(extra: str | None) -> list[Requirement]:
@@ -69,10 +74,12 @@ def test_every_import_of_the_package_is_declared() -> None:
 
 
 def test_optional_dependencies_stay_optional() -> None:
-    # What a worker without Spark tasks or AWS backends loads must not need the extras.
+    # What a worker without Spark tasks, AWS backends, traces or lineage loads must not need
+    # the extras.
     code = (
         "import sys, perago, perago.cli, perago.worker, perago.coord.factory\n"
-        "bad = sorted(m for m in ('pyspark', 'boto3', 'botocore', 'yaml') if m in sys.modules)\n"
+        "bad = sorted(m for m in ('pyspark', 'boto3', 'botocore', 'yaml', 'opentelemetry',"
+        " 'openlineage') if m in sys.modules)\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
