@@ -9,7 +9,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import REGISTRY
+from prometheus_client.exposition import choose_encoder
 
 __all__ = ["HealthServer"]
 
@@ -52,7 +53,10 @@ class HealthServer:
                     ok, why = outer.ready()
                     self._send(200 if ok else 503, (why + "\n").encode())
                 elif self.path == "/metrics":
-                    self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
+                    # OpenMetrics when the scraper asks for it: it carries the exemplars
+                    # (trace ids of slow publications, docs/operations.md)
+                    encode, ctype = choose_encoder(self.headers.get("Accept", ""))
+                    self._send(200, encode(REGISTRY), ctype)
                 else:
                     self._send(404, b"not found: try /healthz, /readyz or /metrics\n")
 

@@ -17,6 +17,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import REGISTRY
+from prometheus_client.exposition import choose_encoder
 from pydantic import BaseModel
 
 import perago
@@ -148,6 +150,10 @@ def test_a_publication_is_one_span_with_its_phases_in_order(
     assert attrs["perago.task_id"] == task_id and attrs["perago.scope"] == "data/"
     assert attrs["perago.output_ref"] == outcome.output["workspace"]["ref"]
     assert attrs["perago.status"] == "COMPLETED"
+    # the publish histogram links to the trace (what /metrics shows an OpenMetrics scraper)
+    encode, _ = choose_encoder("application/openmetrics-text; version=1.0.0")
+    trace_id = format(root.context.trace_id, "032x")
+    assert f'# {{trace_id="{trace_id}"}}' in encode(REGISTRY).decode()
 
 
 def test_tracing_is_off_without_the_variables_and_refuses_an_unknown_exporter() -> None:
