@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import uuid
 from collections.abc import Callable, Iterator
@@ -70,6 +71,8 @@ def spark_worker(
         "PERAGO_WORK_DIR": str(tmp / "work"),
         "PERAGO_SPARK_MASTER": "local[2]",
         "PERAGO_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2"}',
+        # traces on (to the log): a Spark body's jobs carry the attempt's trace id
+        "OTEL_TRACES_EXPORTER": "console",
     }
     register_tasks(env, MODULE)
     WORKER_LOGS[suffix] = tmp / "w.log"
@@ -137,6 +140,19 @@ def test_failed_spark_job_publishes_nothing(
     assert store.branch_head(repo, "main") == seeded
     assert publications(store, repo) == []
     assert staging_branches(store, repo) == []
+
+
+def test_a_spark_body_s_jobs_carry_the_trace_id_of_its_attempt(
+    spark_worker: str, conductor: ConductorClient, repo: str, unique: str, seeded: str
+) -> None:
+    wf = _run(conductor, f"ps_traced_{spark_worker}", repo, unique, {})
+    assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+    (task,) = attempts(wf, "step")
+    result = task["outputData"]["result"]
+    trace_id = result["description"].rpartition("trace_id=")[2]
+    assert re.fullmatch(r"[0-9a-f]{32}", trace_id), result
+    assert result["description"].startswith(f"perago ps_traced_{spark_worker} {task['taskId']} ")
+    assert f"perago-trace-{trace_id}" in result["tags"], result
 
 
 def test_a_spark_task_capped_at_one_runs_alone_while_light_ones_keep_flowing(

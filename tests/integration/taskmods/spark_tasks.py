@@ -105,3 +105,16 @@ def light(workspace: Path, params: CappedParams) -> CappedResult:
     """A light task type beside it, capped at 8 of the worker's 9 slots."""
     time.sleep(params.seconds)
     return CappedResult(part=params.part)
+
+
+class Traced(BaseModel):
+    description: str
+    tags: list[str]
+
+
+@task(f"ps_traced_{SUFFIX}", workspace=WorkspaceSpec(prefix="traced/", read_only=True), **OPTS)
+def traced(workspace: Path, params: SparkParams, spark: Any) -> Traced:
+    """What this attempt's Spark jobs are labelled with (the trace id, when tracing is on)."""
+    spark.range(10).count()
+    description = spark.sparkContext.getLocalProperty("spark.job.description") or ""
+    return Traced(description=description, tags=sorted(spark.getTags()))
