@@ -243,9 +243,7 @@ def test_a_name_error_in_a_spark_body_shows_file_and_line_where_people_look(
     assert "frame(s) of perago" in logged and "NameError" in logged
     assert "/perago/worker/runtime.py" not in logged
     # the worker's log: one attempt_failed event carrying the same traceback
-    events = [
-        json.loads(x) for x in WORKER_LOGS[spark_worker].read_text().splitlines() if x[:1] == "{"
-    ]
+    events = _events(WORKER_LOGS[spark_worker])  # among the console exporter's spans
     failures = [
         e for e in events if e.get("event") == "attempt_failed" and e.get("workflow_id") == wid
     ]
