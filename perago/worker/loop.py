@@ -175,8 +175,7 @@ class Worker:
                 self._async.close()
             if self._runner.cache is not None:
                 self._runner.cache.close()  # its files are vouched for by this process only
-            tracing.shutdown()
-            lineage_events.shutdown()
+            _flush_telemetry()
             if http is not None:
                 http.stop()
         log.info("worker_stopped", worker_id=self._settings.worker_id)
@@ -609,6 +608,19 @@ class _Extension:
             control.cancel(lost)
             return False
         return True
+
+
+def _flush_telemetry(seconds: float = 5.0) -> None:
+    """Send the spans and lineage events still buffered, both at once, for at most
+    ``seconds``: a collector that is down must not hold up the worker's exit."""
+    flushes = [
+        threading.Thread(target=f, args=(seconds,), daemon=True)
+        for f in (tracing.shutdown, lineage_events.shutdown)
+    ]
+    for t in flushes:
+        t.start()
+    for t in flushes:
+        t.join(seconds + 1)
 
 
 def _crashed(snapshot: TaskSnapshot, e: Exception) -> Finished:
