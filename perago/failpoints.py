@@ -4,8 +4,9 @@ Enabled by ``PERAGO_FAILPOINTS="after_publish=kill,after_stage=pause:30,after_bo
 read once when the worker starts; ``after_publish=kill@4`` acts on the process's fourth
 arrival there (the earlier ones pass), to strike while several attempts are in flight.
 ``stop`` sends the worker SIGSTOP, freezing every thread (Conductor lease extension
-included) until the test sends SIGCONT. When unset, :func:`hit` is a dict lookup on an
-empty dict.
+included) until the test sends SIGCONT. ``pause:SECONDS`` ends early once the file named
+by ``PERAGO_FAILPOINTS_RELEASE`` exists (a test releases it when it has seen enough). When
+unset, :func:`hit` is a dict lookup on an empty dict.
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ def hit(name: str) -> None:
     elif action == "error":
         raise FailpointError(f"failpoint {name} raised an error on purpose (PERAGO_FAILPOINTS)")
     else:
-        time.sleep(float(action.removeprefix("pause:")))
+        deadline = time.monotonic() + float(action.removeprefix("pause:"))
+        release = os.environ.get("PERAGO_FAILPOINTS_RELEASE", "")
+        while time.monotonic() < deadline and not (release and os.path.exists(release)):
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
 def _on_boundary(boundary: Boundary) -> None:

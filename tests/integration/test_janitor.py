@@ -48,8 +48,14 @@ def test_orphan_staging_branch_removed_live_one_kept(
 
     # the retry pauses right after staging (30 s: two janitor CLI runs must fit in the pause
     # on a loaded 2-core machine): its branch belongs to a live attempt
+    release = tmp_path / "release"  # ends the pause once the janitor runs are done
     with worker(
-        {**quiet, "PERAGO_FAILPOINTS": "after_stage=pause:30"}, tmp_path / "live.log"
+        {
+            **quiet,
+            "PERAGO_FAILPOINTS": "after_stage=pause:30",
+            "PERAGO_FAILPOINTS_RELEASE": str(release),
+        },
+        tmp_path / "live.log",
     ) as live:
         live.wait_for("failpoint_hit", failpoint="after_stage", timeout=60)
         assert len(staging_branches(store, repo)) == 2
@@ -66,6 +72,7 @@ def test_orphan_staging_branch_removed_live_one_kept(
         done = perago_cli(janitor, env)
         assert done.returncode == 0, done.stderr
         assert staging_branches(store, repo) == [live_branch]
+        release.write_text("go")
         wf = wait_workflow(conductor, wid, timeout=120)
     assert wf["status"] == "COMPLETED"
     assert staging_branches(store, repo) == []

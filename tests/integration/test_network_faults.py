@@ -157,13 +157,19 @@ def test_attempt_fence_2_refuses_when_the_task_timed_out_while_staging(
     tp, env = faulty
     name = one_step(conductor, f"pt_wf_f2_{unique}", f"pt_write_{unique}", {"stamp_retry": True})
     wid = start(conductor, name, repo)
-    with worker({**env, "PERAGO_FAILPOINTS": "after_stage=pause:10"}, tmp_path / "w.log") as w:
+    release = tmp_path / "release"  # the pause ends once the task timed out
+    paused = {
+        "PERAGO_FAILPOINTS": "after_stage=pause:10",
+        "PERAGO_FAILPOINTS_RELEASE": str(release),
+    }
+    with worker({**env, **paused}, tmp_path / "w.log") as w:
         w.wait_for("failpoint_hit", failpoint="after_stage")
         tp.add_toxic("conductor", CUT)  # the extensions stop getting through
         while attempts(conductor.get_workflow(wid), "step")[0]["status"] == "IN_PROGRESS":
             decide_now(conductor, wid)  # the sweeper notices the response timeout
             time.sleep(1)
         tp.remove_toxic("conductor", "cut")
+        release.write_text("go")
         wf = wait_workflow(conductor, wid, timeout=120, nudge=True)
         refused = [
             e for e in _events(w, "attempt_failed") if "attempt fence" in str(e.get("error"))
