@@ -13,18 +13,19 @@ LOCK := requirements/constraints.txt
 
 .PHONY: install stack-build browser demo test lint typecheck unit integration bench soak model-check chaos down lock
 
-$(STAMP): pyproject.toml $(LOCK)
+$(STAMP): pyproject.toml perago-dev/pyproject.toml $(LOCK)
 	@test -n "$(PY)" || { echo "Python >= 3.11 is required (none of python3, python3.13, python3.12, python3.11 is); set PY=/path/to/python"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	@# The distribution was called `perago` before it became perago-runtime.
 	$(BIN)/pip uninstall -q -y perago 2>/dev/null || true
-	$(BIN)/pip install -q -c $(LOCK) -e '.[dev]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev]' -e ./perago-dev
 	touch $(STAMP)
 
 ## lock: re-resolve requirements/constraints.txt after a change of pyproject.toml's dependencies
 lock: $(STAMP)
-	$(BIN)/uv pip compile pyproject.toml --all-extras --universal --python-version 3.11 \
+	$(BIN)/uv pip compile pyproject.toml perago-dev/pyproject.toml --all-extras --universal \
+		--python-version 3.11 \
 		--no-emit-package perago-runtime --custom-compile-command "make lock" -o $(LOCK)
 
 ## install: virtualenv + dependencies + stack binaries + a browser for the UI test (idempotent)
@@ -48,7 +49,7 @@ stack-build: $(STAMP)
 demo: install
 	$(BIN)/python -m workers.demo
 
-LINTED := $(wildcard perago workers tests benchmarks model chaos)
+LINTED := $(wildcard perago perago-dev workers tests benchmarks model chaos)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)

@@ -88,7 +88,7 @@ class Stack:
 
 
 def resolve_stack() -> Stack:
-    """The stack named by the environment, else the local stack from ``perago.dev.stack.up()``.
+    """The stack named by the environment, else the local stack from ``perago_dev.stack.up()``.
 
     The environment wins only when it names all four endpoints/credentials and a lakectl
     binary (``PERAGO_BENCH_LAKECTL``, or ``lakectl`` on ``PATH``).
@@ -98,10 +98,10 @@ def resolve_stack() -> Stack:
         if not os.access(lakectl, os.X_OK):
             raise BenchmarkError(f"{LAKECTL_VAR}={lakectl} is not an executable lakectl binary")
         return Stack({k: os.environ[k] for k in STACK_VARS}, Path(lakectl), "environment")
-    from perago.dev.stack import up
+    from perago_dev.stack import up
 
     info = up()
-    return Stack(dict(info.env()), Path(info.lakectl), "perago.dev.stack.up()")
+    return Stack(dict(info.env()), Path(info.lakectl), "perago_dev.stack.up()")
 
 
 # -- test trees -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 
 The stack comes from the environment when ``CONDUCTOR_SERVER_URL``,
 ``LAKECTL_SERVER_ENDPOINT_URL``, ``LAKECTL_CREDENTIALS_*`` and ``PERAGO_BENCH_LAKECTL`` are
-set, otherwise from ``perago.dev.stack.up()``. See docs/benchmarks.md.
+set, otherwise from ``perago_dev.stack.up()``. See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("default", "s3"),
         default="default",
         help="s3: the data scenarios (a, b, c, i) on the S3 stack variant (moto's S3 server and "
-        "a lakeFS on it, perago.dev.s3_stack), with pre-signed transfers on both sides; its "
+        "a lakeFS on it, perago_dev.s3_stack), with pre-signed transfers on both sides; its "
         "results go to benchmarks/results-s3.json unless --output says otherwise",
     )
     parser.add_argument(
@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             stack = resolve_stack()
             if args.local_blockstore:
-                from perago.dev.paths import stack_paths
+                from perago_dev.paths import stack_paths
 
                 block = stack_paths().data / "lakefs" / "block"
                 stack = Stack(
@@ -526,8 +526,8 @@ def main(argv: list[str] | None = None) -> int:
 @contextlib.contextmanager
 def _s3_stack(work: Path) -> Iterator[Stack]:
     """The S3 stack variant as a benchmark :class:`Stack` (its lakectl: the default stack's)."""
-    from perago.dev.paths import stack_paths
-    from perago.dev.s3_stack import s3_stack
+    from perago_dev.paths import stack_paths
+    from perago_dev.s3_stack import s3_stack
 
     try:
         with s3_stack(work) as s3:
@@ -538,7 +538,7 @@ def _s3_stack(work: Path) -> Iterator[Stack]:
                 "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY": s3.secret_access_key,
             }
             yield Stack(
-                env, stack_paths().bin / "lakectl", f"perago.dev.s3_stack (S3 {s3.s3_endpoint})"
+                env, stack_paths().bin / "lakectl", f"perago_dev.s3_stack (S3 {s3.s3_endpoint})"
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -38,7 +38,7 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, register
 from perago.config import load
-from perago.dev import spark_cluster
+from perago_dev import spark_cluster
 
 MODES = ("local", "standalone", "connect")
 STEPS = ("clean", "revenue", "report")

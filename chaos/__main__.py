@@ -20,9 +20,9 @@ from perago import config
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.coord.factory import branch_leases
-from perago.dev import stack
 from perago.errors import ConflictError, PeragoError
 from perago.publish.janitor import sweep, sweep_leases, takeover_watch
+from perago_dev import stack
 
 from .audit import Figures, Run, audit, percentile
 from .controller import Fault, Workers, fault_schedule

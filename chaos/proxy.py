@@ -1,6 +1,6 @@
 """Toxiproxy between the workers and each server: latency, bandwidth, resets, timeouts.
 
-The server is built from the Go module proxy (``perago/dev/recipes/toxiproxy``, cached in
+The server is built from the Go module proxy (``perago-dev/perago_dev/recipes/toxiproxy``, cached in
 ``.stack/bin``, built on demand like Helm) and driven over its HTTP API.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from perago.dev.build import build_toxiproxy
+from perago_dev.build import build_toxiproxy
 
 __all__ = ["Toxiproxy", "toxic"]
 

@@ -509,10 +509,29 @@ def repo_init(
 
 
 def _mount_subcommands() -> None:
-    app.add_typer(repo_app, name="repo")
-    from perago.dev.cli import app as dev_app
+    """``repo``, and the commands installed distributions add (entry points ``perago.cli``:
+    ``perago dev`` comes with perago-dev, the local stack, which the runtime does not carry)."""
+    from importlib.metadata import entry_points
 
-    app.add_typer(dev_app, name="dev", help="The local lakeFS + Conductor stack.")
+    app.add_typer(repo_app, name="repo")
+    plugins = {ep.name: ep for ep in entry_points(group="perago.cli")}
+    if "dev" in plugins:
+        app.add_typer(plugins["dev"].load(), name="dev", help="The local lakeFS + Conductor stack.")
+        return
+
+    @app.command(
+        "dev",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        help="The local lakeFS + Conductor stack (needs perago-dev).",
+    )
+    def dev_missing() -> None:
+        typer.echo(
+            "error: `perago dev` (the local stack) comes with the perago-dev distribution, "
+            "which is not installed: pip install <your Perago checkout>/perago-dev "
+            "(make install does it in a checkout)",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", _TEST_JVM_OPTIONS)
 
 
 def _started_marker() -> Path:
-    from perago.dev.paths import stack_paths
+    from perago_dev.paths import stack_paths
 
     return stack_paths().run / "started-by-tests"
 
@@ -64,7 +64,7 @@ def stack_env() -> Iterator[dict[str, str]]:
         yield {k: os.environ[k] for k in _STACK_VARS}
         return
     try:
-        from perago.dev import stack
+        from perago_dev import stack
 
         was_running = all(s.running for s in stack.status().values())
         jvm_options = os.environ.pop("JAVA_TOOL_OPTIONS", None)
@@ -126,7 +126,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         marker = _started_marker()
         if not marker.exists() or marker.read_text() != _RUN:
             return
-        from perago.dev import spark_cluster, stack
+        from perago_dev import spark_cluster, stack
 
         spark_cluster.down()  # one a test started and could not stop (test_spark_cluster)
         stack.down()

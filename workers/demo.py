@@ -24,9 +24,9 @@ from perago import config
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, load_workflows, register
-from perago.dev.stack import up
 from perago.inputs import ResolvedInput
 from perago.workspace import upload_all
+from perago_dev.stack import up
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "workers.orders.tasks"

@@ -1,7 +1,7 @@
 """Session fixtures for the coordination backends' servers: moto (S3) and DynamoDB Local.
 
 Both run as child processes on free loopback ports and are stopped at session end. DynamoDB
-Local is fetched once from Maven Central (``perago/dev/recipes/dynamodb/pom.xml``) into
+Local is fetched once from Maven Central (``perago-dev/perago_dev/recipes/dynamodb/pom.xml``) into
 ``<stack dir>/dynamodb`` and reused. Without a server the tests skip on a laptop but fail
 when ``CI`` is set.
 """
@@ -23,7 +23,7 @@ from typing import NoReturn
 
 import pytest
 
-from perago.dev.paths import exclusive
+from perago_dev.paths import exclusive
 
 DYNAMODB_LOCAL_MAIN = "com.amazonaws.services.dynamodbv2.local.main.ServerRunner"
 
@@ -113,7 +113,7 @@ def dynamodb_local_dir() -> Path:
 
 def _fetch_dynamodb_local(target: Path) -> Path:
     root = Path(__file__).resolve().parents[2]
-    pom = root / "perago" / "dev" / "recipes" / "dynamodb" / "pom.xml"
+    pom = root / "perago-dev" / "perago_dev" / "recipes" / "dynamodb" / "pom.xml"
     stamp = target / ".stamp"
     digest = hashlib.sha256(pom.read_bytes()).hexdigest()
     if stamp.exists() and stamp.read_text() == digest and any(target.glob("DynamoDBLocal-*.jar")):

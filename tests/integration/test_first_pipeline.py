@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from perago.dev.paths import stack_paths
+from perago_dev.paths import stack_paths
 
 from .harness import ROOT
 
@@ -46,8 +46,12 @@ def test_the_first_pipeline_walkthrough_runs_as_written(
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
     project = tmp_path / "my-pipeline"
-    installed = list((project / ".venv").glob("lib/python3*/site-packages/perago/dev/recipes"))
-    assert installed and (installed[0] / "lakefs" / "go.mod").is_file()  # a real install
+    site = next((project / ".venv").glob("lib/python3*/site-packages"))
+    recipes = site / "perago_dev" / "recipes"  # a real install of perago-dev
+    assert (recipes / "lakefs" / "go.mod").is_file()
+    # the runtime carries no build recipes: only perago-dev does
+    assert (site / "perago").is_dir() and not list((site / "perago").rglob("go.mod"))
+    assert not list((site / "perago").rglob("pom.xml"))
     assert not list((project / ".venv").glob("lib/python3*/site-packages/__editable__*perago*"))
     repo = next(r for r in store.list_repositories() if r.startswith("greetings-"))
     try:

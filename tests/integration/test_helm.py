@@ -1,6 +1,6 @@
 """The worker chart (deploy/helm/perago-worker) rendered and linted by a real Helm.
 
-Helm is built from the pinned Go module (perago/dev/recipes/helm) on first use and cached in
+Helm is built from the pinned Go module (perago_dev/recipes/helm) on first use and cached in
 ``.stack/bin/helm``; nothing here needs a cluster or the lakeFS/Conductor stack (no test
 asks for ``stack_env``). Without Go the tests skip on a laptop and fail under ``CI``.
 """
@@ -20,9 +20,9 @@ import yaml
 
 from perago import config
 from perago.config import Settings
-from perago.dev.build import build_helm
-from perago.dev.settings_doc import env_names
 from perago.errors import PeragoError
+from perago_dev.build import build_helm
+from perago_dev.settings_doc import env_names
 
 # The first run builds Helm (a few minutes on a cold Go cache) inside the first test's setup.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -152,7 +152,7 @@ VARIANTS: dict[str, dict[str, object]] = {
 
 def test_helm_is_the_pinned_version(helm: Path, helm_env: dict[str, str]) -> None:
     pinned = re.search(
-        r"helm\.sh/helm/v3 (v\S+)", (ROOT / "perago/dev/recipes/helm/go.mod").read_text()
+        r"helm\.sh/helm/v3 (v\S+)", (ROOT / "perago-dev/perago_dev/recipes/helm/go.mod").read_text()
     )
     assert pinned is not None
     done = _helm(helm, helm_env, "version", "--short")

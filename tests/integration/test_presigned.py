@@ -19,13 +19,13 @@ import pytest
 
 from perago.adapters.lakefs import LakeFSStore, _ObjectGet
 from perago.config import Settings, load
-from perago.dev.s3_stack import S3Stack, s3_stack
 from perago.errors import ConfigError, StoreError
 from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.store import ObjectInfo
 from perago.testing import StaticLedger
 from perago.workspace import ContentCache, Diff, materialize
+from perago_dev.s3_stack import S3Stack, s3_stack
 from tests.clock import tick_past
 
 pytestmark = pytest.mark.integration
@@ -201,7 +201,7 @@ def test_a_worker_beside_lakefs_reads_its_local_blockstore_directly(
     """PERAGO_LAKEFS_LOCAL_BLOCKSTORE: objects under that folder are copied from it, never
     fetched through lakeFS; an object whose file is gone is read through lakeFS instead; an
     address outside the folder is never read directly."""
-    from perago.dev.stack import info
+    from perago_dev.stack import info
 
     block = info().stack_dir / "data" / "lakefs" / "block"
     store = Recording(load({**stack_env, "PERAGO_LAKEFS_LOCAL_BLOCKSTORE": str(block)}))

@@ -14,7 +14,7 @@ import pytest
 
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
-from perago.dev import stack
+from perago_dev import stack
 
 from .harness import (
     attempts,

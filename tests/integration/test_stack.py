@@ -30,8 +30,8 @@ from conductor.client.http.models import (
 )
 
 from perago.config import Settings
-from perago.dev import stack
 from perago.errors import PeragoError, StackError
+from perago_dev import stack
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,12 @@ def _pin(path: str, pattern: str) -> str:
 
 def test_compose_runs_the_versions_the_local_stack_pins() -> None:
     services = _compose()["services"]
-    lakefs = _pin("perago/dev/recipes/lakefs/go.mod", r"github\.com/treeverse/lakefs v(\S+)")
-    conductor = _pin("perago/dev/recipes/conductor/pom.xml", r"<conductor\.version>(.+?)<")
+    lakefs = _pin(
+        "perago-dev/perago_dev/recipes/lakefs/go.mod", r"github\.com/treeverse/lakefs v(\S+)"
+    )
+    conductor = _pin(
+        "perago-dev/perago_dev/recipes/conductor/pom.xml", r"<conductor\.version>(.+?)<"
+    )
     assert services["lakefs"]["image"] == f"treeverse/lakefs:{lakefs}"
     assert services["conductor"]["image"] == f"conductoross/conductor:{conductor}"
 
@@ -69,7 +73,7 @@ def test_the_operations_guide_lists_every_metric() -> None:
 
 
 def test_the_image_fetches_hadoop_aws_at_pyspark_s_hadoop_version() -> None:
-    from perago.dev.build import pyspark_hadoop_version
+    from perago_dev.build import pyspark_hadoop_version
 
     pinned = re.search(r"ARG HADOOP_VERSION=(\S+)", DOCKERFILE.read_text())
     assert pinned is not None and pinned.group(1) == pyspark_hadoop_version()

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from perago.dev import build, paths, stack
-from perago.dev.cli import app
-from perago.dev.paths import StackPaths
 from perago.errors import StackError
+from perago_dev import build, paths, stack
+from perago_dev.cli import app
+from perago_dev.paths import StackPaths
 
 
 def _jdk(base: Path, name: str, version: str, *, java: bool = True) -> Path:
@@ -30,7 +30,7 @@ def _jdk(base: Path, name: str, version: str, *, java: bool = True) -> Path:
 
 
 def test_project_root_is_the_source_checkout(tmp_path: Path) -> None:
-    (tmp_path / "perago" / "dev" / "recipes").mkdir(parents=True)
+    (tmp_path / "perago-dev" / "perago_dev" / "recipes").mkdir(parents=True)
     (tmp_path / "pyproject.toml").write_text("")
     nested = tmp_path / "a" / "b"
     nested.mkdir(parents=True)

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from perago import config
 from perago.config import Settings
-from perago.dev import settings_doc
-from perago.dev.cli import app
+from perago_dev import settings_doc
+from perago_dev.cli import app
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 
@@ -19,7 +19,7 @@ def test_the_settings_page_is_current() -> None:
     assert PAGE.is_file(), f"{PAGE} is missing: run `{settings_doc.COMMAND}`"
     assert PAGE.read_text() == settings_doc.render(), (
         f"docs/settings.md is out of date with perago/config.py: run `{settings_doc.COMMAND}` "
-        "(or `python -m perago.dev.settings_doc`) and commit the result"
+        "(or `python -m perago_dev.settings_doc`) and commit the result"
     )
 
 

@@ -1,8 +1,8 @@
 """Where the local stack lives: binaries, jars, data, pids and logs under one folder.
 
-The build recipes ship inside the package (``perago/dev/recipes/``: the Go wrapper modules of
-lakeFS, lakectl, Helm and Toxiproxy, the Maven poms of Conductor and DynamoDB Local), so a
-pip-installed Perago builds and runs the stack as a checkout does. The stack folder is
+The build recipes ship inside this package (``perago_dev/recipes/``: the Go wrapper modules
+of lakeFS, lakectl, Helm and Toxiproxy, the Maven poms of Conductor and DynamoDB Local), so a
+pip-installed perago-dev builds and runs the stack as a checkout does. The stack folder is
 ``PERAGO_STACK_DIR``; else ``<checkout>/.stack`` in a source checkout (git-ignored), else a
 per-user cache folder (``$XDG_CACHE_HOME/perago/stack``, ``~/.cache/perago/stack``)::
 
@@ -43,7 +43,9 @@ RECIPES = Path(__file__).resolve().parent / "recipes"
 
 def _is_root(path: Path) -> bool:
     """A Perago source checkout: its package and its project file side by side."""
-    return (path / "perago" / "dev" / "recipes").is_dir() and (path / "pyproject.toml").is_file()
+    return (path / "perago-dev" / "perago_dev" / "recipes").is_dir() and (
+        path / "pyproject.toml"
+    ).is_file()
 
 
 def find_project_root(candidates: Iterable[Path] | None = None) -> Path | None:

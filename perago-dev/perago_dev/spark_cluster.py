@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from perago.dev.paths import StackPaths, stack_paths
 from perago.errors import StackError
+from perago_dev.paths import StackPaths, stack_paths
 
 __all__ = ["PROCESSES", "SparkCluster", "cluster", "down", "up"]
 

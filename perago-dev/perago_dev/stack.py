@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from perago.dev.build import build, conductor_jar, find_java, step
-from perago.dev.paths import SERVICES, StackPaths, exclusive, stack_paths
 from perago.errors import StackError
+from perago_dev.build import build, conductor_jar, find_java, step
+from perago_dev.paths import SERVICES, StackPaths, exclusive, stack_paths
 
 __all__ = [
     "Credentials",
@@ -204,7 +204,7 @@ def render_lakefs_config(
     """lakeFS's config: loopback only, local KV and blockstore, no phoning home.
 
     ``blockstore`` replaces the local blockstore (a YAML flow mapping, see
-    :mod:`perago.dev.s3_stack`)."""
+    :mod:`perago_dev.s3_stack`)."""
     q = json.dumps  # a JSON string is a valid YAML double-quoted scalar
     c = credentials
     local = f"{{ type: local, local: {{ path: {q(str(data / 'block'))} }} }}"

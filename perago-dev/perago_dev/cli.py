@@ -46,8 +46,8 @@ def build_cmd(
     ] = True,
 ) -> None:
     """Build lakeFS/lakectl and fetch Conductor if their pins changed (idempotent)."""
-    from perago.dev.build import build
-    from perago.dev.paths import stack_paths
+    from perago_dev.build import build
+    from perago_dev.paths import stack_paths
 
     _run(lambda: build(progress=True, helm=helm, webui=webui))
     typer.echo(f"stack binaries are ready in {_run(stack_paths).stack}", err=True)
@@ -60,7 +60,7 @@ def settings_doc_cmd(
     ] = False,
 ) -> None:
     """Regenerate docs/settings.md from the Settings model (perago/config.py)."""
-    from perago.dev import settings_doc
+    from perago_dev import settings_doc
 
     path = _run(settings_doc.default_path)
     if check:
@@ -88,7 +88,7 @@ def up_cmd(
     ] = False,
 ) -> None:
     """Start lakeFS and Conductor (a running stack is reused) and wait until both answer."""
-    from perago.dev import spark_cluster, stack
+    from perago_dev import spark_cluster, stack
 
     started = time.monotonic()
     info = _run(lambda: stack.up(progress=True))
@@ -112,7 +112,7 @@ def down_cmd(
     ] = False,
 ) -> None:
     """Stop the processes `perago dev up` started."""
-    from perago.dev import spark_cluster, stack
+    from perago_dev import spark_cluster, stack
 
     stopped = _run(spark_cluster.down)
     if not spark:
@@ -125,7 +125,7 @@ def down_cmd(
 @app.command("status")
 def status_cmd() -> None:
     """What runs where; exit status 3 unless everything runs and answers."""
-    from perago.dev import stack
+    from perago_dev import stack
 
     states = _run(stack.status)
     for s in states.values():
@@ -144,7 +144,7 @@ def _single_quoted(value: str) -> str:
 @app.command("env")
 def env_cmd() -> None:
     """Print export lines: `eval "$(perago dev env)"`, then lakectl and perago just work."""
-    from perago.dev import spark_cluster, stack
+    from perago_dev import spark_cluster, stack
 
     info = _run(stack.info)
     cluster = spark_cluster.cluster()

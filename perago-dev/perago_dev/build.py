@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from perago.dev.paths import StackPaths, exclusive, stack_paths
 from perago.errors import StackError
+from perago_dev.paths import StackPaths, exclusive, stack_paths
 
 __all__ = [
     "JDK_SEARCH_DIRS",
@@ -209,7 +209,7 @@ _GO_BINARIES: dict[str, tuple[str, Callable[[Path], tuple[str, str]]]] = {
 
 def _build_go_binary(paths: StackPaths, name: str, *, progress: bool, webui: bool = False) -> Path:
     """Build ``name`` from its wrapper module; ``webui`` (lakefs only) embeds lakeFS's web
-    UI built with npm (:mod:`perago.dev.webui`)."""
+    UI built with npm (:mod:`perago_dev.webui`)."""
     package, ldflags = _GO_BINARIES[name]
     module = paths.deploy / name
     binary = paths.bin / name
@@ -231,7 +231,7 @@ def _build_go_binary(paths: StackPaths, name: str, *, progress: bool, webui: boo
     partial = paths.bin / f".{name}.partial"
     cmd = [go, "build", "-o", str(partial), "-ldflags", flags, package]
     if webui:
-        from perago.dev.webui import prepared_modfile
+        from perago_dev.webui import prepared_modfile
 
         with step(f"building lakeFS's web UI {version} (npm)", progress=progress):
             modfile = prepared_modfile(paths, module, version, go=go, env=env, run=_run)
@@ -431,14 +431,14 @@ def build(*, progress: bool = False, helm: bool = False, webui: bool = True) -> 
 
 
 def build_helm(*, progress: bool = False) -> Path:
-    """Helm built from ``perago/dev/recipes/helm`` (cached like lakectl); its path."""
+    """Helm built from ``perago-dev/perago_dev/recipes/helm`` (cached like lakectl); its path."""
     paths = stack_paths()
     with _building(paths):
         return _build_go_binary(paths, "helm", progress=progress)
 
 
 def build_toxiproxy(*, progress: bool = False) -> Path:
-    """Toxiproxy's server from ``perago/dev/recipes/toxiproxy`` (cached like Helm); its path."""
+    """Toxiproxy's server from ``recipes/toxiproxy`` (cached like Helm); its path."""
     paths = stack_paths()
     with _building(paths):
         return _build_go_binary(paths, "toxiproxy", progress=progress)

@@ -1,7 +1,7 @@
 """Generate ``docs/settings.md`` from the :class:`~perago.config.Settings` model.
 
 The page is derived, never edited by hand: ``perago dev settings-doc`` (or ``python -m
-perago.dev.settings_doc``) rewrites it, ``--check`` only compares, and a unit test fails when
+perago_dev.settings_doc``) rewrites it, ``--check`` only compares, and a unit test fails when
 it is stale. Defaults are rendered without reading the environment or the machine, and a
 secret's default is never printed.
 """
@@ -78,7 +78,7 @@ def _default(name: str, field: FieldInfo) -> str:
             return "empty"
         raise ConfigError(
             f"settings field {name!r} has a computed default: describe it in "
-            "perago/dev/settings_doc.py (_COMPUTED_DEFAULTS)"
+            "perago-dev/perago_dev/settings_doc.py (_COMPUTED_DEFAULTS)"
         )
     value = field.default
     if isinstance(value, timedelta):
@@ -169,8 +169,8 @@ def render() -> str:
 
 def default_path() -> Path:
     """``docs/settings.md`` of the checkout."""
-    from perago.dev.paths import find_project_root
     from perago.errors import StackError
+    from perago_dev.paths import find_project_root
 
     root = find_project_root()
     if root is None:
@@ -185,7 +185,7 @@ def check(path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m perago.dev.settings_doc", description="Regenerate docs/settings.md."
+        prog="python -m perago_dev.settings_doc", description="Regenerate docs/settings.md."
     )
     parser.add_argument("--check", action="store_true", help="only report whether it is current")
     parser.add_argument("--path", type=Path, default=None, help="the page (docs/settings.md)")

@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from perago.dev.paths import stack_paths
-from perago.dev.stack import HOST, Credentials, render_lakefs_config
 from perago.errors import StackError
+from perago_dev.paths import stack_paths
+from perago_dev.stack import HOST, Credentials, render_lakefs_config
 
 __all__ = ["BUCKET", "S3Stack", "s3_stack"]
 

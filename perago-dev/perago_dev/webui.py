@@ -18,8 +18,8 @@ import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from perago.dev.paths import StackPaths
 from perago.errors import StackError
+from perago_dev.paths import StackPaths
 
 __all__ = ["LAKEFS_MODULE", "prepared_modfile"]
 
