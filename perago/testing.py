@@ -795,7 +795,10 @@ def running_worker(
     try:
         yield worker
     finally:
-        worker.stop()
+        # A test that stopped the worker itself is draining it: a second stop() would force
+        # the drain (interrupting attempts in their report, and whatever lock they hold).
+        if not worker.draining:
+            worker.stop()
         thread.join(timeout=60)
         if thread.is_alive():
             raise AssertionError("the worker did not stop within 60 s")

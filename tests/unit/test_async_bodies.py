@@ -41,6 +41,8 @@ class Gate:
         self.most = 0
         self.lock = threading.Lock()
         self.open = threading.Event()
+        #: A body that waits for cancellation has started.
+        self.in_body = threading.Event()
 
 
 GATE = Gate()
@@ -59,8 +61,10 @@ async def async_writer(workspace: Path, params: Params) -> Result:
             GATE.waiting -= 1
     elif params.mode == "until-cancelled":
         perago.progress("waiting")
+        GATE.in_body.set()
         await perago.wait_cancelled_async(60)
     elif params.mode == "ignore-cancel":
+        GATE.in_body.set()
         while True:
             await asyncio.sleep(0.01)
     elif params.mode == "block":
@@ -160,28 +164,37 @@ def test_an_async_body_that_raises_fails_with_its_line(
     assert store.branch_head("repo", "main") == base
 
 
+def drained(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path, mode: str, grace: timedelta
+) -> tuple[Outcome, list[dict[str, Any]]]:
+    """Run one attempt in ``mode``, drain the worker once its body runs: its outcome and
+    the worker's log events."""
+    with (
+        capture_logs() as logs,
+        running_worker(
+            [async_writer],
+            store=store,
+            orchestrator=stub,
+            work_dir=tmp_path / "work",
+            shutdown_grace=grace,
+        ) as worker,
+    ):
+        wid = submit(stub, f"wf-{mode}", mode=mode)
+        assert GATE.in_body.wait(10)
+        worker.stop()
+        stub.wait_for(lambda s: s.outcome(s.final(wid).task_id) is not None)
+    return settle(stub, wid), logs
+
+
 def test_an_async_body_stops_on_cancellation_and_publishes_nothing(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
 ) -> None:
     base = store.branch_head("repo", "main")
-    with running_worker(
-        [async_writer],
-        store=store,
-        orchestrator=stub,
-        work_dir=tmp_path / "work",
-        shutdown_grace=timedelta(seconds=30),
-    ) as worker:
-        wid = submit(stub, "wf-cancel", mode="until-cancelled")
-        stub.wait_for(lambda s: worker.in_flight() == 1)
-        time.sleep(0.2)  # into its body
-        started = time.monotonic()
-        worker.stop()
-        stub.wait_for(lambda s: s.outcome(s.final(wid).task_id) is not None)
-        took = time.monotonic() - started
-    outcome = settle(stub, wid)
+    outcome, logs = drained(stub, store, tmp_path, "until-cancelled", timedelta(seconds=30))
     assert outcome.status == "FAILED" and "the attempt was cancelled" in outcome.reason
     assert "nothing published" in outcome.reason
-    assert took < 15  # cooperative: long before the 30 s grace
+    # it stopped by itself: the drain never had to interrupt it
+    assert not [e for e in logs if e["event"] == "interrupting_attempt"]
     assert store.branch_head("repo", "main") == base
 
 
@@ -189,21 +202,11 @@ def test_an_async_body_that_ignores_cancellation_is_cancelled_after_the_grace(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
 ) -> None:
     base = store.branch_head("repo", "main")
-    with running_worker(
-        [async_writer],
-        store=store,
-        orchestrator=stub,
-        work_dir=tmp_path / "work",
-        shutdown_grace=timedelta(milliseconds=300),
-    ) as worker:
-        wid = submit(stub, "wf-stubborn", mode="ignore-cancel")
-        stub.wait_for(lambda s: worker.in_flight() == 1)
-        time.sleep(0.2)
-        worker.stop()
-        stub.wait_for(lambda s: s.outcome(s.final(wid).task_id) is not None)
-    assert settle(stub, wid) == Outcome(
-        "FAILED", reason="worker shutdown: the attempt was interrupted"
-    )
+    outcome, logs = drained(stub, store, tmp_path, "ignore-cancel", timedelta(milliseconds=300))
+    assert outcome == Outcome("FAILED", reason="worker shutdown: the attempt was interrupted")
+    assert [e["event"] for e in logs if e["event"] == "interrupting_attempt"] == [
+        "interrupting_attempt"
+    ]
     assert store.branch_head("repo", "main") == base
 
 
