@@ -93,10 +93,16 @@ _SHARED_TASK_NAMES = frozenset(
 _SPARK = frozenset({"test_spark_runtime.py"})
 
 
+#: Single tests that poll a shared task name too (the unsuffixed ``perago_wap_*`` tasks):
+#: beside test_wap.py they would take each other's tasks.
+_SHARED_TASK_TESTS = frozenset({"test_policy.py::test_targets_and_protected_branches"})
+
+
 def _group(nodeid: str) -> str:
     """The scheduling unit of a test: its group's name, or the test itself."""
     name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-    if name in _SHARED_TASK_NAMES:
+    test = nodeid.rsplit("/", 1)[-1].split("[", 1)[0]
+    if name in _SHARED_TASK_NAMES or test in _SHARED_TASK_TESTS:
         return "shared-task-names"
     if name in _SPARK:
         return "spark"
