@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +226,35 @@ def staging_branches(store: LakeFSStore, repo: str) -> list[str]:
     return [name for name, _ in store.list_branches(repo, prefix="perago-stg-")]
 
 
+def log_events(path: Path) -> list[dict[str, Any]]:
+    """The JSON events of a worker's log (other lines, such as console spans, skipped)."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            out.append(event)
+    return out
+
+
+def attempt_spans(
+    events: list[dict[str, Any]], workflow_id: str | None = None
+) -> dict[str, tuple[float, float]]:
+    """Each step's attempt, from its pre-guardrails to its end, as (start, end) seconds (of a
+    step run once; ``workflow_id`` narrows a shared worker's log to one workflow)."""
+    times: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("event") not in ("pre_guardrails_passed", "attempt_finished"):
+            continue
+        if workflow_id is not None and e.get("workflow_id") != workflow_id:
+            continue
+        at = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+        times.setdefault(e["task_ref"], []).append(at)
+    return {ref: (t[0], t[1]) for ref, t in times.items()}
+
+
 class WorkerProcess:
     """A real `perago worker` subprocess whose JSON log lines tests can wait for."""
 
@@ -268,13 +297,7 @@ class WorkerProcess:
         )
 
     def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+        return log_events(self.log_path)
 
     def wait_for(self, event: str, *, timeout: float = 60, **fields: Any) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

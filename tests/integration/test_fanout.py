@@ -12,7 +12,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from perago.adapters.lakefs import LakeFSStore
 from perago.failpoints import POINTS
 
 from .harness import (
+    attempt_spans,
     attempts,
     dynamic_fork,
     fork,
@@ -292,12 +292,8 @@ def test_a_task_type_capped_at_one_runs_alone_while_light_ones_keep_flowing(
     with worker(env, tmp_path / "w.log", concurrency=4) as w:
         wf = wait_workflow(conductor, start(conductor, name, repo), timeout=120)
     assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
-    spans: dict[str, list[float]] = {}
-    for e in w.events():
-        if e.get("event") in ("pre_guardrails_passed", "attempt_finished"):
-            at = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
-            spans.setdefault(e["task_ref"], []).append(at)
-    heavy_spans = sorted(tuple(spans[f"h{i}"]) for i in range(3))
+    spans = attempt_spans(w.events())
+    heavy_spans = sorted(spans[f"h{i}"] for i in range(3))
     for (_, end), (start_next, _) in itertools.pairwise(heavy_spans):
         assert start_next >= end, f"two heavy attempts overlapped: {heavy_spans}"
     first_heavy_end = heavy_spans[0][1]

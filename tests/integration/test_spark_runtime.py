@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -10,9 +9,7 @@ import re
 import signal
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,10 +17,12 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 
 from .harness import (
+    attempt_spans,
     attempts,
     fork,
     free_port,
     http_get,
+    log_events,
     publications,
     put_workflow,
     register_tasks,
@@ -174,35 +173,16 @@ def test_a_spark_task_capped_at_one_runs_alone_while_light_ones_keep_flowing(
     put_workflow(conductor, name, fork("split", [[t] for t in spark + light]))
     wf = wait_workflow(conductor, start(conductor, name, repo), timeout=300)
     assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
-    spans: dict[str, list[float]] = {}
-    for e in _events(WORKER_LOGS[spark_worker]):
-        if e.get("workflow_id") == wf["workflowId"] and e.get("event") in (
-            "pre_guardrails_passed",
-            "attempt_finished",
-        ):
-            spans.setdefault(e["task_ref"], []).append(_at(e["timestamp"]))
-    spark_spans = sorted(tuple(spans[f"s{i}"]) for i in range(3))
+    spans = attempt_spans(log_events(WORKER_LOGS[spark_worker]), wf["workflowId"])
+    spark_spans = sorted(spans[f"s{i}"] for i in range(3))
     for (_, end), (start_next, _) in itertools.pairwise(spark_spans):
         assert start_next >= end, f"two Spark attempts overlapped: {spark_spans}"
-    light_spans = [tuple(spans[f"l{i}"]) for i in range(16)]
+    light_spans = [spans[f"l{i}"] for i in range(16)]
     most = max(sum(s <= at < e for s, e in light_spans) for at, _ in light_spans)
     assert most <= 8, f"{most} light attempts ran at once"
     first_spark_start, first_spark_end = spark_spans[0]
     during = [e for _, e in light_spans if first_spark_start < e < first_spark_end]
     assert len(during) >= 3, (spark_spans, light_spans)
-
-
-def _events(log: Path) -> list[dict[str, Any]]:
-    events = []
-    for line in log.read_text().splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                events.append(json.loads(line))
-    return events
-
-
-def _at(timestamp: str) -> float:
-    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_a_name_error_in_a_spark_body_shows_file_and_line_where_people_look(
@@ -216,7 +196,6 @@ def test_a_name_error_in_a_spark_body_shows_file_and_line_where_people_look(
 ) -> None:
     """`perago run --wait`, the worker's log and Conductor's task log all show where the
     body failed (file:line); the traceback is the author's frames, Perago's folded."""
-    import json
     import re
 
     from tests.integration.taskmods import spark_tasks
@@ -243,7 +222,7 @@ def test_a_name_error_in_a_spark_body_shows_file_and_line_where_people_look(
     assert "frame(s) of perago" in logged and "NameError" in logged
     assert "/perago/worker/runtime.py" not in logged
     # the worker's log: one attempt_failed event carrying the same traceback
-    events = _events(WORKER_LOGS[spark_worker])  # among the console exporter's spans
+    events = log_events(WORKER_LOGS[spark_worker])  # among the console exporter's spans
     failures = [
         e for e in events if e.get("event") == "attempt_failed" and e.get("workflow_id") == wid
     ]

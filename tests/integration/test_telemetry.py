@@ -21,6 +21,7 @@ from .harness import (
     attempts,
     fork,
     free_port,
+    one_step,
     perago_cli,
     put_workflow,
     simple_task,
@@ -168,9 +169,8 @@ def test_a_failing_attempt_sends_fail_with_its_error_and_an_error_span(
     receiver: tuple[Receiver, str],
 ) -> None:
     r, url = receiver
-    name = f"pt_wf_otel_fail_{unique}"
-    put_workflow(
-        conductor, name, [simple_task(f"pt_write_{unique}", "step", PINNED, {"fail": "terminal"})]
+    name = one_step(
+        conductor, f"pt_wf_otel_fail_{unique}", f"pt_write_{unique}", {"fail": "terminal"}
     )
     with worker(telemetry(env, url), tmp_path / "w.log") as w:
         wf = wait_workflow(conductor, start(conductor, name, repo), timeout=120)
@@ -208,10 +208,8 @@ def test_a_slow_or_dead_receiver_holds_up_no_attempt(
         **telemetry(env, url),
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
     }
-    name = f"pt_wf_otel_slow_{unique}"
-    put_workflow(
-        conductor, name, [simple_task(f"pt_write_{unique}", "step", PINNED, {"files": {"a": "1"}})]
-    )
+    params = {"files": {"a": "1"}}
+    name = one_step(conductor, f"pt_wf_otel_slow_{unique}", f"pt_write_{unique}", params)
     with worker(settings, tmp_path / "w.log") as w:
         wf = wait_workflow(conductor, start(conductor, name, repo), timeout=120)
         assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")

@@ -82,20 +82,6 @@ def _gate() -> Iterator[None]:
     GATE.open.set()
 
 
-@pytest.fixture
-def store() -> MemoryStore:
-    s = MemoryStore()
-    s.create_repository("repo")
-    s.upload_bytes("repo", "main", "data/in.txt", b"input")
-    s.commit("repo", "main", message="seed", metadata={})
-    return s
-
-
-@pytest.fixture
-def stub() -> StubOrchestrator:
-    return StubOrchestrator(gate_timeout=20)
-
-
 def submit(stub: StubOrchestrator, wid: str, **params: Any) -> str:
     stub.submit(
         "async_writer",

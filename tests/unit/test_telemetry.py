@@ -92,20 +92,6 @@ def lineage(monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
     emitter.close(5)
 
 
-@pytest.fixture
-def store() -> MemoryStore:
-    s = MemoryStore()
-    s.create_repository("repo")
-    s.upload_bytes("repo", "main", "data/in.txt", b"input")
-    s.commit("repo", "main", message="seed", metadata={})
-    return s
-
-
-@pytest.fixture
-def stub() -> StubOrchestrator:
-    return StubOrchestrator(gate_timeout=20)
-
-
 def run_one(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path, task_type: str, mode: str
 ) -> tuple[str, Outcome]:

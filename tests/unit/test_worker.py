@@ -120,20 +120,6 @@ def _script() -> Iterator[None]:
     SCRIPT.__init__()  # type: ignore[misc]
 
 
-@pytest.fixture
-def store() -> MemoryStore:
-    s = MemoryStore()
-    s.create_repository("repo")
-    s.upload_bytes("repo", "main", "data/in.txt", b"input")
-    s.commit("repo", "main", message="seed", metadata={})
-    return s
-
-
-@pytest.fixture
-def stub() -> StubOrchestrator:
-    return StubOrchestrator(gate_timeout=20)
-
-
 def settings(tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "worker_id": "w1",
