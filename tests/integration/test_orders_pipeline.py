@@ -195,6 +195,10 @@ def test_spark_task_on_a_standalone_cluster(
         # In place, the executors read and write through lakeFS's S3 gateway themselves.
         wf = wait_workflow(conductor, start(conductor, in_place, repo), timeout=300)
         started = w.wait_for("spark_session_started")
+        # A drained worker stops its session: the cluster's two cores are free for the next one.
+        assert w.stop() == 0
+    master_log = tmp_path / "master.log"
+    assert "Removing app" in master_log.read_text(), master_log.read_text()[-3000:]
     assert started["master"] == standalone_master
     assert started["master_from"] == "PERAGO_SPARK_MASTER"
     (step,) = attempts(refused, "step")
@@ -209,5 +213,9 @@ def test_spark_task_on_a_standalone_cluster(
     # local-projection task runs there too.
     shared = {**env, "PERAGO_SPARK_SHARED_FILESYSTEM": "true"}
     with worker(shared, tmp_path / "w2.log", module=module):
-        again = wait_workflow(conductor, start(conductor, local, repo), timeout=300)
+        try:
+            again = wait_workflow(conductor, start(conductor, local, repo), timeout=300)
+        except AssertionError as e:
+            tails = (f"{p.name}:\n{p.read_text()[-4000:]}" for p in (tmp_path / "w2.log", master_log))
+            raise AssertionError("\n".join((str(e), *tails))) from None
     assert again["status"] == "COMPLETED", again.get("reasonForIncompletion")
