@@ -196,6 +196,11 @@ def _toxiproxy_ldflags(module: Path) -> tuple[str, str]:
     return version, f"-s -w -X github.com/Shopify/toxiproxy/v2.Version={version}"
 
 
+def _versitygw_ldflags(module: Path) -> tuple[str, str]:
+    version = _required_version(module, "github.com/versity/versitygw")
+    return version, f"-s -w -X main.Version={version}"
+
+
 #: name -> (package to build inside its wrapper module, what to stamp into the binary)
 _GO_BINARIES: dict[str, tuple[str, Callable[[Path], tuple[str, str]]]] = {
     "lakefs": (".", _lakefs_ldflags),
@@ -204,6 +209,8 @@ _GO_BINARIES: dict[str, tuple[str, Callable[[Path], tuple[str, str]]]] = {
     "helm": ("helm.sh/helm/v3/cmd/helm", _helm_ldflags),
     # The fault-injecting proxy of the chaos tests and `make chaos` (not part of the stack).
     "toxiproxy": ("github.com/Shopify/toxiproxy/v2/cmd/server", _toxiproxy_ldflags),
+    # The S3 server under the production profile's lakeFS (`perago dev up --profile production`).
+    "versitygw": ("github.com/versity/versitygw/cmd/versitygw", _versitygw_ldflags),
 }
 
 
@@ -218,7 +225,11 @@ def _build_go_binary(paths: StackPaths, name: str, *, progress: bool, webui: boo
     stamp = _stamp(*pins) + (":webui" if webui else "")
     if _fresh(binary, stamp_file, stamp):
         return binary
-    how = {"helm": "perago dev build --helm", "toxiproxy": "make chaos"}.get(name, "make install")
+    how = {
+        "helm": "perago dev build --helm",
+        "toxiproxy": "make chaos",
+        "versitygw": "perago dev build --profile production",
+    }.get(name, "make install")
     go = _require_go(module, name, how)
     version, flags = ldflags(module)
     env = {
@@ -403,6 +414,38 @@ def find_java(
     return newest / "bin" / "java"
 
 
+# -- PostgreSQL (the production profile) ---------------------------------------------------------
+
+#: Where Debian and Ubuntu (``/usr/lib/postgresql/<major>/bin``) and Homebrew keep the server.
+_POSTGRES_DIRS = ("/usr/lib/postgresql/*/bin", "/opt/homebrew/opt/postgresql@*/bin")
+POSTGRES_MINIMUM = 13
+
+
+def postgres_bin(env: Mapping[str, str] | None = None) -> Path:
+    """The folder of PostgreSQL's server binaries (``initdb``, ``postgres``, ``pg_isready``):
+    ``PERAGO_POSTGRES_BIN``, else the newest packaged one, else the one on ``PATH``."""
+    env = os.environ if env is None else env
+    if override := env.get("PERAGO_POSTGRES_BIN"):
+        folder = Path(override).expanduser()
+        if not (folder / "initdb").is_file():
+            raise StackError(
+                f"PERAGO_POSTGRES_BIN={override} has no initdb; point it at the folder of "
+                "PostgreSQL's server binaries (e.g. /usr/lib/postgresql/15/bin)"
+            )
+        return folder
+    found = [Path(p) for pattern in _POSTGRES_DIRS for p in sorted(Path("/").glob(pattern[1:]))]
+    if on_path := shutil.which("initdb"):
+        found.append(Path(on_path).resolve().parent)
+    usable = [f for f in found if (f / "initdb").is_file() and (f / "postgres").is_file()]
+    if not usable:
+        raise StackError(
+            f"the production profile needs PostgreSQL >= {POSTGRES_MINIMUM} and none was found; "
+            "install it (Debian: `apt-get install postgresql`, macOS: `brew install "
+            "postgresql@15`) or set PERAGO_POSTGRES_BIN to the folder holding initdb"
+        )
+    return max(usable, key=lambda f: _version_tuple(f.parent.name if f.name == "bin" else ""))
+
+
 # -- all of it ----------------------------------------------------------------------------------
 
 
@@ -413,11 +456,14 @@ def _building(paths: StackPaths) -> AbstractContextManager[None]:
     return exclusive(paths.run / ".build-lock")
 
 
-def build(*, progress: bool = False, helm: bool = False, webui: bool = True) -> None:
+def build(
+    *, progress: bool = False, helm: bool = False, webui: bool = True, production: bool = False
+) -> None:
     """Make every stack binary present and current; idempotent and cheap when nothing changed.
 
     ``helm`` also builds Helm (not part of the stack; the chart tests build it on demand);
-    ``webui`` embeds lakeFS's web UI in the lakefs binary (needs npm).
+    ``webui`` embeds lakeFS's web UI in the lakefs binary (needs npm); ``production`` also
+    builds the production profile's S3 server and checks for PostgreSQL's binaries.
     """
     paths = stack_paths()
     with _building(paths):
@@ -426,6 +472,9 @@ def build(*, progress: bool = False, helm: bool = False, webui: bool = True) -> 
         _fetch_conductor(paths, progress=progress)
         _fetch_spark_jars(paths, progress=progress)
         find_java()
+        if production:
+            _build_go_binary(paths, "versitygw", progress=progress)
+            postgres_bin()
         if helm:
             _build_go_binary(paths, "helm", progress=progress)
 

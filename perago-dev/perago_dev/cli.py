@@ -44,12 +44,21 @@ def build_cmd(
             help="Embed lakeFS's web UI, built with npm from the pinned module's lockfile.",
         ),
     ] = True,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="'production' also builds its S3 server and checks for PostgreSQL.",
+        ),
+    ] = None,
 ) -> None:
     """Build lakeFS/lakectl and fetch Conductor if their pins changed (idempotent)."""
     from perago_dev.build import build
     from perago_dev.paths import stack_paths
+    from perago_dev.stack import resolve_profile
 
-    _run(lambda: build(progress=True, helm=helm, webui=webui))
+    production = _run(lambda: resolve_profile(profile)) == "production"
+    _run(lambda: build(progress=True, helm=helm, webui=webui, production=production))
     typer.echo(f"stack binaries are ready in {_run(stack_paths).stack}", err=True)
 
 
@@ -86,14 +95,24 @@ def up_cmd(
             help="Also a Spark cluster: standalone master, two workers, a Spark Connect server.",
         ),
     ] = False,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="embedded (default: local KV, local blockstore, SQLite) or production "
+            "(PostgreSQL under lakeFS and Conductor, lakeFS's objects on an S3 server); "
+            "default from PERAGO_STACK_PROFILE.",
+        ),
+    ] = None,
 ) -> None:
-    """Start lakeFS and Conductor (a running stack is reused) and wait until both answer."""
+    """Start lakeFS and Conductor (a running stack is reused) and wait until they answer."""
     from perago_dev import spark_cluster, stack
 
     started = time.monotonic()
-    info = _run(lambda: stack.up(progress=True))
+    info = _run(lambda: stack.up(progress=True, profile=profile))
     cluster = _run(lambda: spark_cluster.up(progress=True)) if spark else None
-    typer.echo(f"stack ready in {time.monotonic() - started:.1f}s ({info.stack_dir})", err=True)
+    elapsed = time.monotonic() - started
+    typer.echo(f"{info.profile} stack ready in {elapsed:.1f}s ({info.stack_dir})", err=True)
     typer.echo(f"lakeFS     {info.lakefs_endpoint}")
     typer.echo(f"Conductor  {info.conductor_url}")
     if cluster is not None:

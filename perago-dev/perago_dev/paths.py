@@ -9,6 +9,7 @@ per-user cache folder (``$XDG_CACHE_HOME/perago/stack``, ``~/.cache/perago/stack
     .stack/bin/{lakefs,lakectl,helm}     built from recipes/{lakefs,lakectl,helm}
     .stack/conductor/*.jar               fetched with recipes/conductor/pom.xml
     .stack/data/{lakefs,conductor}       server state (``perago dev down --wipe`` deletes it)
+    .stack/data/production/*             the production profile's (PostgreSQL's: see production)
     .stack/run/{lakefs,conductor}.pid    the processes ``up`` started, plus lakefs.yaml
     .stack/logs/*.log                    server and build output
     .stack/credentials.json              lakeFS keys, generated once (mode 0600)
@@ -34,8 +35,8 @@ __all__ = [
     "user_stack_dir",
 ]
 
-#: Start order; ``down`` stops in reverse.
-SERVICES = ("lakefs", "conductor")
+#: Every service of either profile, in start order; ``down`` stops in reverse.
+SERVICES = ("postgres", "s3", "lakefs", "conductor")
 
 #: The build recipes, shipped as package data.
 RECIPES = Path(__file__).resolve().parent / "recipes"
@@ -106,6 +107,11 @@ class StackPaths:
     @property
     def ports(self) -> Path:
         return self.stack / "ports.json"
+
+    @property
+    def profile_file(self) -> Path:
+        """The profile of the last ``up``: ``embedded`` or ``production``."""
+        return self.run / "profile"
 
     @property
     def lakefs_config(self) -> Path:

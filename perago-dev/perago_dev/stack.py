@@ -1,7 +1,9 @@
 """Start, stop and describe the local stack: lakeFS and Conductor as processes on 127.0.0.1.
 
-lakeFS runs with its embedded local KV store and local blockstore, Conductor with its embedded
-SQLite store, so nothing but the stack folder holds state. The processes are detached (their
+Two profiles. ``embedded`` (the default): lakeFS with its embedded local KV store and local
+blockstore, Conductor with its embedded SQLite store, so nothing but the stack folder holds
+state. ``production``: both on PostgreSQL and lakeFS's objects in an S3 server, each another
+local process (:mod:`perago_dev.production`). The processes are detached (their
 own session) and outlive the command that started them; ``down`` stops exactly the processes
 ``up`` started: a pid from a pid file is signalled only while its command line is still this
 stack's binary, so a recycled pid is never touched.
@@ -27,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perago.errors import StackError
-from perago_dev.build import build, conductor_jar, find_java, step
+from perago_dev import production
+from perago_dev.build import build, conductor_jar, find_java, postgres_bin, step
 from perago_dev.paths import SERVICES, StackPaths, exclusive, stack_paths
 
 __all__ = [
+    "PROFILES",
     "Credentials",
     "ServiceStatus",
     "StackInfo",
@@ -47,10 +51,22 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
-DEFAULT_PORTS = {"lakefs": 18000, "conductor": 18080}
-PORT_ENV = {"lakefs": "PERAGO_LAKEFS_PORT", "conductor": "PERAGO_CONDUCTOR_PORT"}
-HEALTH_TIMEOUTS = {"lakefs": 60.0, "conductor": 180.0}
-TITLES = {"lakefs": "lakeFS", "conductor": "Conductor"}
+#: Each profile's services, in start order (a later layer needs the earlier ones answering).
+PROFILES = {
+    "embedded": ("lakefs", "conductor"),
+    "production": ("postgres", "s3", "lakefs", "conductor"),
+}
+PROFILE_ENV = "PERAGO_STACK_PROFILE"
+_LAYERS = (("postgres", "s3"), ("lakefs", "conductor"))
+DEFAULT_PORTS = {"postgres": 18432, "s3": 18900, "lakefs": 18000, "conductor": 18080}
+PORT_ENV = {
+    "postgres": "PERAGO_POSTGRES_PORT",
+    "s3": "PERAGO_S3_PORT",
+    "lakefs": "PERAGO_LAKEFS_PORT",
+    "conductor": "PERAGO_CONDUCTOR_PORT",
+}
+HEALTH_TIMEOUTS = {"postgres": 60.0, "s3": 30.0, "lakefs": 60.0, "conductor": 180.0}
+TITLES = {"postgres": "PostgreSQL", "s3": "S3 (versitygw)", "lakefs": "lakeFS", "conductor": "Conductor"}
 STOP_GRACE_SECONDS = 15.0
 _TAIL_LINES = 20
 
@@ -69,6 +85,7 @@ class StackInfo:
     secret_access_key: str
     lakectl: Path
     stack_dir: Path
+    profile: str = "embedded"
 
     def env(self) -> dict[str, str]:
         env = {
@@ -97,11 +114,14 @@ class ServiceStatus:
 
 @dataclass(frozen=True)
 class Credentials:
-    """lakeFS's admin keys and its KV encryption secret: fixed once the data exists."""
+    """lakeFS's admin keys and its KV encryption secret, and the S3 server's root keys (the
+    production profile's): fixed once the data exists."""
 
     access_key_id: str
     secret_access_key: str
     encrypt_secret: str
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
 
 
 def _random(n: int, alphabet: str) -> str:
@@ -134,24 +154,21 @@ def _read_json(path: Path) -> dict[str, object]:
 
 def load_credentials(path: Path) -> Credentials:
     """The stack's credentials, generated on first use and kept in ``path`` (mode 0600)."""
-    saved = _read_json(path)
-    try:
-        return Credentials(
-            access_key_id=str(saved["access_key_id"]),
-            secret_access_key=str(saved["secret_access_key"]),
-            encrypt_secret=str(saved["encrypt_secret"]),
-        )
-    except KeyError:
-        pass
+    saved = {k: str(v) for k, v in _read_json(path).items()}
     upper = string.ascii_uppercase + string.digits
     alnum = string.ascii_letters + string.digits
-    creds = Credentials(
-        access_key_id="AKIA" + _random(16, upper),
-        secret_access_key=_random(40, alnum),
-        encrypt_secret=_random(48, alnum),
-    )
-    _write_private(path, json.dumps(creds.__dict__, indent=2) + "\n")
-    return creds
+    fresh = {
+        "access_key_id": lambda: "AKIA" + _random(16, upper),
+        "secret_access_key": lambda: _random(40, alnum),
+        "encrypt_secret": lambda: _random(48, alnum),
+        "s3_access_key_id": lambda: "AKIA" + _random(16, upper),
+        "s3_secret_access_key": lambda: _random(40, alnum),
+    }
+    missing = [k for k in fresh if not saved.get(k)]
+    if missing:  # a new stack, or one made before the production profile had S3 keys
+        saved.update({k: fresh[k]() for k in missing})
+        _write_private(path, json.dumps(saved, indent=2) + "\n")
+    return Credentials(**{k: saved[k] for k in fresh})
 
 
 def parse_port(value: str, *, name: str) -> int:
@@ -187,30 +204,65 @@ def resolve_ports(
         requested = env.get(PORT_ENV[service])
         if requested and service not in running:
             ports[service] = parse_port(requested, name=PORT_ENV[service])
-    if ports["lakefs"] == ports["conductor"]:
-        raise StackError(
-            f"lakeFS and Conductor cannot share port {ports['lakefs']}; set "
-            "PERAGO_LAKEFS_PORT and PERAGO_CONDUCTOR_PORT to different ports"
-        )
+    by_port: dict[int, str] = {}
+    for service in SERVICES:
+        other = by_port.setdefault(ports[service], service)
+        if other != service:
+            raise StackError(
+                f"{TITLES[other]} and {TITLES[service]} cannot share port {ports[service]}; "
+                f"set {PORT_ENV[other]} and {PORT_ENV[service]} to different ports"
+            )
     return ports
+
+
+def resolve_profile(requested: str | None, env: Mapping[str, str] | None = None) -> str:
+    """The profile asked for: ``requested``, else ``PERAGO_STACK_PROFILE``, else embedded."""
+    env = os.environ if env is None else env
+    name = requested or env.get(PROFILE_ENV) or "embedded"
+    if name not in PROFILES:
+        where = "--profile" if requested else PROFILE_ENV
+        raise StackError(f"{where}={name!r} is not a profile; use one of {', '.join(PROFILES)}")
+    return name
+
+
+def _saved_profile(paths: StackPaths) -> str:
+    """The profile of the last ``up`` (what runs, if anything does)."""
+    try:
+        name = paths.profile_file.read_text().strip()
+    except OSError:
+        return "embedded"
+    return name if name in PROFILES else "embedded"
+
+
+def _data_dir(paths: StackPaths, profile: str, service: str) -> Path:
+    if service == "postgres":
+        return production.postgres_data(paths)
+    # The embedded profile's folders predate profiles: data/<service>.
+    return paths.data / service if profile == "embedded" else paths.data / profile / service
 
 
 # -- what runs --------------------------------------------------------------------------------
 
 
 def render_lakefs_config(
-    *, data: Path, port: int, credentials: Credentials, blockstore: str | None = None
+    *,
+    data: Path,
+    port: int,
+    credentials: Credentials,
+    blockstore: str | None = None,
+    database: str | None = None,
 ) -> str:
     """lakeFS's config: loopback only, local KV and blockstore, no phoning home.
 
-    ``blockstore`` replaces the local blockstore (a YAML flow mapping, see
-    :mod:`perago_dev.s3_stack`)."""
+    ``blockstore`` and ``database`` replace the local blockstore and KV (YAML flow mappings,
+    see :mod:`perago_dev.production`)."""
     q = json.dumps  # a JSON string is a valid YAML double-quoted scalar
     c = credentials
     local = f"{{ type: local, local: {{ path: {q(str(data / 'block'))} }} }}"
+    kv = f"{{ type: local, local: {{ path: {q(str(data / 'metadata'))} }} }}"
     return (
         f"listen_address: {q(f'{HOST}:{port}')}\n"
-        f"database: {{ type: local, local: {{ path: {q(str(data / 'metadata'))} }} }}\n"
+        f"database: {database or kv}\n"
         f"blockstore: {blockstore or local}\n"
         f"committed: {{ local_cache: {{ dir: {q(str(data / 'cache'))} }} }}\n"
         f"auth: {{ encrypt: {{ secret_key: {q(c.encrypt_secret)} }} }}\n"
@@ -223,9 +275,22 @@ def render_lakefs_config(
     )
 
 
-def conductor_command(*, java: Path, jar: Path, data: Path, port: int) -> list[str]:
-    """Conductor on loopback with its embedded SQLite store, tuned for a quick local start."""
+def conductor_command(
+    *, java: Path, jar: Path, data: Path, port: int, postgres_port: int | None = None
+) -> list[str]:
+    """Conductor on loopback with its embedded SQLite store (or all on PostgreSQL, given
+    ``postgres_port``), tuned for a quick local start."""
     db = f"jdbc:sqlite:{data / 'conductor.db'}?busy_timeout=15000&journal_mode=WAL"
+    if postgres_port is None:
+        store = [
+            f"--spring.datasource.url={db}",
+            "--conductor.db.type=sqlite",
+            "--conductor.queue.type=sqlite",
+            "--conductor.indexing.type=sqlite",
+            "--conductor.workflow-execution-lock.type=local_only",
+        ]
+    else:
+        store = production.conductor_postgres_args(postgres_port, port)
     return [
         str(java),
         # A small single-user server: the serial GC starts it as fast with ~100 MB less memory.
@@ -236,11 +301,7 @@ def conductor_command(*, java: Path, jar: Path, data: Path, port: int) -> list[s
         str(jar),
         f"--server.port={port}",
         f"--server.address={HOST}",
-        f"--spring.datasource.url={db}",
-        "--conductor.db.type=sqlite",
-        "--conductor.queue.type=sqlite",
-        "--conductor.indexing.type=sqlite",
-        "--conductor.workflow-execution-lock.type=local_only",
+        *store,
         "--conductor.app.ownerEmailMandatory=false",
         "--conductor.integrations.ai.enabled=false",
         "--conductor.scheduler.enabled=false",
@@ -252,12 +313,20 @@ def conductor_command(*, java: Path, jar: Path, data: Path, port: int) -> list[s
 
 
 def _endpoint(service: str, port: int) -> str:
+    if service == "postgres":
+        return f"postgresql://{HOST}:{port}"
     return f"http://{HOST}:{port}" + ("/api" if service == "conductor" else "")
 
 
 def _health_url(service: str, port: int) -> str:
     path = "/api/v1/healthcheck" if service == "lakefs" else "/health"
     return f"http://{HOST}:{port}{path}"
+
+
+def _answers(service: str, port: int) -> bool:
+    if service == "postgres":
+        return production.postgres_ready(postgres_bin(), port)
+    return _healthy(_health_url(service, port))
 
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
@@ -296,6 +365,10 @@ def _ours(paths: StackPaths, service: str, pid: int) -> bool:
         return False
     if service == "lakefs":
         return argv[0] == str(paths.bin / "lakefs")
+    if service == "s3":
+        return argv[0] == str(paths.bin / "versitygw")
+    if service == "postgres":  # the postmaster keeps its command line; backends retitle theirs
+        return argv[0].endswith("/postgres") and str(production.postgres_data(paths)) in argv
     jars = str(paths.conductor_jars) + os.sep
     return any(a.startswith(jars) and a.endswith(".jar") for a in argv)
 
@@ -350,28 +423,70 @@ def _check_port_free(service: str, port: int) -> None:
         )
 
 
-def _start(paths: StackPaths, service: str, port: int, creds: Credentials) -> int:
-    _check_port_free(service, port)
-    data = paths.data / service
+def _lakefs_config(
+    paths: StackPaths, profile: str, ports: Mapping[str, int], creds: Credentials
+) -> str:
+    data = _data_dir(paths, profile, "lakefs")
+    if profile == "embedded":
+        return render_lakefs_config(data=data, port=ports["lakefs"], credentials=creds)
+    database, blockstore = production.lakefs_production_sections(
+        postgres_port=ports["postgres"],
+        s3_port=ports["s3"],
+        s3_key=creds.s3_access_key_id,
+        s3_secret=creds.s3_secret_access_key,
+    )
+    return render_lakefs_config(
+        data=data,
+        port=ports["lakefs"],
+        credentials=creds,
+        blockstore=blockstore,
+        database=database,
+    )
+
+
+def _command(
+    paths: StackPaths, profile: str, service: str, ports: Mapping[str, int], creds: Credentials
+) -> tuple[list[str], dict[str, str], str | None]:
+    """What to run for ``service``: argv, environment, and the account to run it as."""
+    data = _data_dir(paths, profile, service)
+    port = ports[service]
+    if service == "postgres":
+        bin_dir = postgres_bin()
+        production.init_postgres(bin_dir, data, paths.log_file(service))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        return production.postgres_command(bin_dir, data, port), env, production.postgres_user()
     data.mkdir(parents=True, exist_ok=True)
-    if service == "lakefs":
-        _write_private(
-            paths.lakefs_config, render_lakefs_config(data=data, port=port, credentials=creds)
+    if service == "s3":
+        cmd = production.versitygw_command(
+            paths.bin / "versitygw", data, port, paths.logs / "s3-access.log"
         )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VGW_", "ROOT_"))}
+        env["ROOT_ACCESS_KEY_ID"] = creds.s3_access_key_id
+        env["ROOT_SECRET_ACCESS_KEY"] = creds.s3_secret_access_key
+        return cmd, env, None
+    if service == "lakefs":
+        _write_private(paths.lakefs_config, _lakefs_config(paths, profile, ports, creds))
         cmd = [str(paths.bin / "lakefs"), "run", "-c", str(paths.lakefs_config)]
         # lakeFS reads LAKEFS_* over its config file: the stack's config must be all there is.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFS_")}
-    else:
-        jar = conductor_jar(paths)
-        if jar is None:
-            raise StackError("the Conductor server jar is missing: run `perago dev build`")
-        cmd = conductor_command(java=find_java(), jar=jar, data=data, port=port)
-        # Spring maps SPRING_*/CONDUCTOR_* variables onto properties; keep the user's out.
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("SPRING_", "CONDUCTOR_", "SERVER_"))
-        }
+        return cmd, {k: v for k, v in os.environ.items() if not k.startswith("LAKEFS_")}, None
+    jar = conductor_jar(paths)
+    if jar is None:
+        raise StackError("the Conductor server jar is missing: run `perago dev build`")
+    pg_port = ports["postgres"] if profile == "production" else None
+    cmd = conductor_command(java=find_java(), jar=jar, data=data, port=port, postgres_port=pg_port)
+    # Spring maps SPRING_*/CONDUCTOR_* variables onto properties; keep the user's out.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SPRING_", "CONDUCTOR_", "SERVER_"))
+    }
+    return cmd, env, None
+
+
+def _start(
+    paths: StackPaths, profile: str, service: str, ports: Mapping[str, int], creds: Credentials
+) -> int:
+    _check_port_free(service, ports[service])
+    cmd, env, user = _command(paths, profile, service, ports, creds)
+    data = _data_dir(paths, profile, service)
     log = paths.log_file(service)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
@@ -386,6 +501,7 @@ def _start(paths: StackPaths, service: str, port: int, creds: Credentials) -> in
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group, no SIGINT from the terminal
+            user=user,
         )
     _children[proc.pid] = proc
     paths.pid_file(service).write_text(f"{proc.pid}\n")
@@ -393,10 +509,10 @@ def _start(paths: StackPaths, service: str, port: int, creds: Credentials) -> in
 
 
 def _wait_healthy(paths: StackPaths, service: str, pid: int, port: int, timeout: float) -> None:
-    url = _health_url(service, port)
+    url = _endpoint(service, port) if service == "postgres" else _health_url(service, port)
     deadline = time.monotonic() + timeout
     while True:
-        if _healthy(url):
+        if _answers(service, port):
             return
         alive = _alive(paths, service, pid)
         if not alive or time.monotonic() > deadline:
@@ -431,41 +547,74 @@ def _say(message: str, progress: bool) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def up(*, progress: bool = False) -> StackInfo:
-    """Build if needed, start what is not running, wait until both answer. Idempotent."""
+def _ready(
+    paths: StackPaths, service: str, ports: Mapping[str, int], creds: Credentials
+) -> None:
+    """What a service needs inside before the next layer starts: databases, the bucket."""
+    if service == "postgres":
+        production.ensure_databases(postgres_bin(), ports["postgres"])
+    elif service == "s3":
+        production.ensure_bucket(ports["s3"], creds.s3_access_key_id, creds.s3_secret_access_key)
+
+
+def _check_profile(paths: StackPaths, profile: str, running: Mapping[str, int]) -> None:
+    current = _saved_profile(paths)
+    if running and current != profile:
+        raise StackError(
+            f"the {current} stack is running; run `perago dev down` before starting the "
+            f"{profile} one (each keeps its own data)"
+        )
+
+
+def up(*, progress: bool = False, profile: str | None = None) -> StackInfo:
+    """Build if needed, start what is not running, wait until all answer. Idempotent.
+
+    ``profile``: ``embedded`` or ``production`` (default: ``PERAGO_STACK_PROFILE``, else
+    embedded); a running stack of the other profile is an error, not replaced."""
+    profile = resolve_profile(profile)
+    wanted = PROFILES[profile]
     paths = stack_paths()
     binaries = [paths.bin / "lakefs", paths.bin / "lakectl"]
+    if profile == "production":
+        binaries.append(paths.bin / "versitygw")
     if paths.root is not None or not all(b.exists() for b in binaries):
-        build(progress=progress)
+        build(progress=progress, production=profile == "production")
     paths.make()
     with _locked(paths):
         running = _running(paths)
+        _check_profile(paths, profile, running)
         ports = resolve_ports(paths, os.environ, running=frozenset(running))
         _check_ports_unchanged(ports, running)
         _save_ports(paths, ports)
+        paths.profile_file.write_text(profile + "\n")
         creds = load_credentials(paths.credentials)
-        for service in SERVICES:  # before starting anything: fail without leftovers
+        for service in wanted:  # before starting anything: fail without leftovers
             if service not in running:
                 _check_port_free(service, ports[service])
         pids = dict(running)
-        for service in SERVICES:
-            if service in running:
-                _say(f"{TITLES[service]} already running (pid {running[service]})", progress)
-            else:
-                pids[service] = _start(paths, service, ports[service], creds)
-        for service in SERVICES:
-            message = f"starting {TITLES[service]} on {_endpoint(service, ports[service])}"
-            with step(message, progress=progress and service not in running):
-                _wait_healthy(
-                    paths, service, pids[service], ports[service], HEALTH_TIMEOUTS[service]
-                )
+        for layer in _LAYERS:
+            services = [s for s in layer if s in wanted]
+            for service in services:
+                if service in running:
+                    _say(f"{TITLES[service]} already running (pid {running[service]})", progress)
+                else:
+                    pids[service] = _start(paths, profile, service, ports, creds)
+            for service in services:
+                message = f"starting {TITLES[service]} on {_endpoint(service, ports[service])}"
+                with step(message, progress=progress and service not in running):
+                    _wait_healthy(
+                        paths, service, pids[service], ports[service], HEALTH_TIMEOUTS[service]
+                    )
+                    _ready(paths, service, ports, creds)
     return info()
 
 
-def _signal(pid: int, sig: signal.Signals) -> None:
+def _signal(service: str, pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
+        if service == "postgres":  # the postmaster stops its backends: SIGINT is a fast shutdown
+            os.kill(pid, signal.SIGINT if sig == signal.SIGTERM else sig)
         # start_new_session made each service a process group: stop helpers too
-        if os.getpgid(pid) == pid:
+        elif os.getpgid(pid) == pid:
             os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
@@ -484,8 +633,8 @@ def _reap(pid: int) -> None:
 def _stop_all(paths: StackPaths, services: list[str]) -> list[str]:
     """SIGTERM, then SIGKILL after the grace period; return once every process is gone."""
     pids = {s: pid for s in services if (pid := _pid(paths, s)) is not None}
-    for pid in pids.values():
-        _signal(pid, signal.SIGTERM)
+    for service, pid in pids.items():
+        _signal(service, pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     killed = False
     while True:
@@ -496,7 +645,7 @@ def _stop_all(paths: StackPaths, services: list[str]) -> list[str]:
             break
         if not killed and time.monotonic() > deadline:
             for s in alive:
-                _signal(pids[s], signal.SIGKILL)
+                _signal(s, pids[s], signal.SIGKILL)
             killed = True
         time.sleep(0.1)
     for service in services:
@@ -511,6 +660,8 @@ def down(*, wipe: bool = False) -> list[str]:
         stopped = _stop_all(paths, list(reversed(SERVICES)))
         if wipe:
             shutil.rmtree(paths.data, ignore_errors=True)
+            shutil.rmtree(production.postgres_data(paths), ignore_errors=True)
+            (paths.logs / "s3-access.log").unlink(missing_ok=True)
     return stopped
 
 
@@ -520,7 +671,8 @@ def restart(service: str) -> None:
     with _locked(paths):
         ports = resolve_ports(paths, {}, running=frozenset(SERVICES))
         _stop_all(paths, [service])
-        pid = _start(paths, service, ports[service], load_credentials(paths.credentials))
+        creds = load_credentials(paths.credentials)
+        pid = _start(paths, _saved_profile(paths), service, ports, creds)
         _wait_healthy(paths, service, pid, ports[service], HEALTH_TIMEOUTS[service])
 
 
@@ -530,9 +682,9 @@ def status() -> dict[str, ServiceStatus]:
     running = _running(paths)
     ports = resolve_ports(paths, os.environ, running=frozenset(running))
     result = {}
-    for service in SERVICES:
+    for service in PROFILES[_saved_profile(paths)]:
         pid = running.get(service)
-        healthy = pid is not None and _healthy(_health_url(service, ports[service]))
+        healthy = pid is not None and _answers(service, ports[service])
         url = _endpoint(service, ports[service])
         result[service] = ServiceStatus(service, pid is not None, pid, url, healthy)
     return result
@@ -551,4 +703,5 @@ def info() -> StackInfo:
         secret_access_key=creds.secret_access_key,
         lakectl=paths.bin / "lakectl",
         stack_dir=paths.stack,
+        profile=_saved_profile(paths),
     )
