@@ -555,6 +555,32 @@ def _ready(
         production.ensure_databases(postgres_bin(), ports["postgres"])
     elif service == "s3":
         production.ensure_bucket(ports["s3"], creds.s3_access_key_id, creds.s3_secret_access_key)
+    elif service == "lakefs":
+        _setup_lakefs(ports["lakefs"], creds)
+
+
+def _setup_lakefs(port: int, creds: Credentials) -> None:
+    """Create the admin user with the stack's keys if lakeFS is not set up yet: its local KV
+    does this from ``installation`` itself, its PostgreSQL KV waits for the setup call."""
+    base = f"http://{HOST}:{port}/api/v1/setup_lakefs"
+    with _opener.open(base, timeout=10) as r:
+        if json.loads(r.read()).get("state") == "initialized":
+            return
+    body = {
+        "username": "perago",
+        "key": {"access_key_id": creds.access_key_id, "secret_access_key": creds.secret_access_key},
+    }
+    request = urllib.request.Request(
+        base, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        _opener.open(request, timeout=30).close()
+    except urllib.error.HTTPError as e:
+        if e.code != 409:  # 409: another `up` set it up meanwhile
+            raise StackError(
+                f"setting up lakeFS's admin user failed with HTTP {e.code}: {e.read()[:300]!r}; "
+                "see .stack/logs/lakefs.log"
+            ) from e
 
 
 def _check_profile(paths: StackPaths, profile: str, running: Mapping[str, int]) -> None:
