@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Pythons >= 3.11. `make install` (and so CI) installs through it; `make lock` refreshes it.
 LOCK := requirements/constraints.txt
 
-.PHONY: install stack-build browser demo test lint typecheck unit integration bench soak model-check chaos down lock
+.PHONY: install stack-build browser postgres production-build test-production demo test lint typecheck unit integration bench soak model-check chaos down lock
 
 $(STAMP): pyproject.toml perago-dev/pyproject.toml $(LOCK)
 	@test -n "$(PY)" || { echo "Python >= 3.11 is required (none of python3, python3.13, python3.12, python3.11 is); set PY=/path/to/python"; exit 1; }
@@ -45,6 +45,21 @@ browser:
 stack-build: $(STAMP)
 	$(BIN)/perago dev build
 
+# PostgreSQL for the production profile (installed when root on Debian, like Chromium).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && exit 0; \
+	command -v initdb >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's postgresql (for the production profile)"; \
+		apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; \
+	else \
+		echo "PostgreSQL is missing: install it (Debian: sudo apt-get install postgresql); the production profile needs it"; \
+	fi
+
+production-build: $(STAMP) postgres
+	$(BIN)/perago dev build --profile production
+
 ## demo: the example pipeline end to end on the local stack (leaves the stack running)
 demo: install
 	$(BIN)/python -m workers.demo
@@ -75,6 +90,19 @@ test: install lint typecheck
 	PERAGO_TEST_RUN=$$run PERAGO_TEST_KEEP_STACK=1 $(BIN)/pytest -q -ra --durations=25 \
 		-n $(TEST_WORKERS) --dist loadgroup -m "not serial and not exhaustive" tests || status=$$?; \
 	PERAGO_TEST_RUN=$$run $(BIN)/pytest -q -ra --durations=10 -m "serial and not exhaustive" tests || status=$$?; \
+	exit $$status
+
+## test-production: the integration suite on the production profile (PostgreSQL under Conductor
+## and lakeFS, lakeFS's objects on versitygw), in the same two phases; the embedded stack is
+## stopped first (one stack at a time). PRODUCTION_TESTS narrows it to some files.
+PRODUCTION_TESTS ?= tests/integration
+test-production: install production-build
+	$(BIN)/perago dev down
+	@run=$$($(BIN)/python -c 'import uuid; print(uuid.uuid4().hex)'); status=0; \
+	export PERAGO_STACK_PROFILE=production; \
+	PERAGO_TEST_RUN=$$run PERAGO_TEST_KEEP_STACK=1 $(BIN)/pytest -q -ra --durations=15 \
+		-n $(TEST_WORKERS) --dist loadgroup -m "not serial and not exhaustive" $(PRODUCTION_TESTS) || status=$$?; \
+	PERAGO_TEST_RUN=$$run $(BIN)/pytest -q -ra --durations=10 -m "serial and not exhaustive" $(PRODUCTION_TESTS) || status=$$?; \
 	exit $$status
 
 bench: install

@@ -30,6 +30,7 @@ __all__ = [
     "build",
     "build_helm",
     "build_toxiproxy",
+    "build_versitygw",
     "conductor_jar",
     "find_java",
     "java_version",
@@ -484,6 +485,13 @@ def build_helm(*, progress: bool = False) -> Path:
     paths = stack_paths()
     with _building(paths):
         return _build_go_binary(paths, "helm", progress=progress)
+
+
+def build_versitygw(*, progress: bool = False) -> Path:
+    """The production profile's S3 server from ``recipes/versitygw`` (cached); its path."""
+    paths = stack_paths()
+    with _building(paths):
+        return _build_go_binary(paths, "versitygw", progress=progress)
 
 
 def build_toxiproxy(*, progress: bool = False) -> Path:

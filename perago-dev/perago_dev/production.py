@@ -32,7 +32,8 @@ __all__ = [
     "ensure_bucket",
     "ensure_databases",
     "init_postgres",
-    "lakefs_production_sections",
+    "lakefs_blockstore",
+    "lakefs_database",
     "postgres_command",
     "postgres_data",
     "postgres_ready",
@@ -160,20 +161,24 @@ def conductor_postgres_args(port: int, conductor_port: int) -> list[str]:
     ]
 
 
-def lakefs_production_sections(
-    *, postgres_port: int, s3_port: int, s3_key: str, s3_secret: str
-) -> tuple[str, str]:
-    """lakeFS's ``database`` and ``blockstore`` sections (YAML flow mappings): its KV on
-    PostgreSQL, its objects in the S3 server's bucket, pre-signed URLs on (lakeFS's default)."""
+def lakefs_database(postgres_port: int) -> str:
+    """lakeFS's ``database`` section (a YAML flow mapping): its KV on PostgreSQL."""
     conn = f"postgres://{_PG_ROLE}@{HOST}:{postgres_port}/lakefs?sslmode=disable"
-    database = f'{{ type: postgres, postgres: {{ connection_string: "{conn}" }} }}'
-    blockstore = (
+    return f'{{ type: postgres, postgres: {{ connection_string: "{conn}" }} }}'
+
+
+def lakefs_blockstore(
+    *, s3_port: int, s3_key: str, s3_secret: str, presign_expiry: str | None = None
+) -> str:
+    """lakeFS's ``blockstore`` section: its objects in the S3 server's bucket, pre-signed URLs
+    on (lakeFS's default), living ``presign_expiry`` (a Go duration; lakeFS's default 15m)."""
+    expiry = f"pre_signed_expiry: {presign_expiry}, " if presign_expiry else ""
+    return (
         f'{{ type: s3, default_namespace_prefix: "s3://{BUCKET}/", s3: {{ '
         f'endpoint: "http://{HOST}:{s3_port}", force_path_style: true, region: {REGION}, '
-        "discover_bucket_region: false, "
+        f"discover_bucket_region: false, {expiry}"
         f'credentials: {{ access_key_id: "{s3_key}", secret_access_key: "{s3_secret}" }} }} }}'
     )
-    return database, blockstore
 
 
 def versitygw_command(binary: Path, data: Path, port: int, access_log: Path) -> list[str]:
@@ -215,6 +220,5 @@ def ensure_bucket(port: int, key: str, secret: str) -> None:
             s3.create_bucket(Bucket=BUCKET)
     except (BotoCoreError, ClientError) as e:
         raise StackError(
-            f"creating bucket {BUCKET!r} on the S3 server failed ({e}); see "
-            "`.stack/logs/s3.log`"
+            f"creating bucket {BUCKET!r} on the S3 server failed ({e}); see `.stack/logs/s3.log`"
         ) from e

@@ -1,15 +1,15 @@
-"""A stack variant with an S3 blockstore: moto's S3 server and a lakeFS that stores there.
+"""A stack variant with an S3 blockstore: versitygw and a lakeFS that stores there.
 
 The default stack keeps lakeFS's data on the local disk, where lakeFS cannot pre-sign URLs,
 so every byte passes through lakeFS. On S3 (or GCS, Azure) a client can move the bytes
 straight to object storage with pre-signed URLs and lakeFS sees metadata only; this variant
 is where Perago's pre-signed transfers are tested and benchmarked against ``lakectl
---pre-sign``. Both processes run on free loopback ports under a folder of the caller's, for
-as long as the ``with`` block lasts; nothing outlives it.
+--pre-sign``, beside any running stack. Both processes run on free loopback ports under a
+folder of the caller's, for as long as the ``with`` block lasts; nothing outlives it.
 
-moto is an S3 implementation in Python (``pip install 'moto[server]'``, in Perago's ``dev``
-extra). It is far slower per request than a real S3, which slows both sides of a comparison
-alike.
+The S3 server is the production profile's (:mod:`perago_dev.production`): versitygw checks
+SigV4 signatures and expiry as S3 does, so an expired or tampered pre-signed URL is refused
+for real. lakeFS keeps its metadata in its local KV here, to start in a second.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import shutil
 import socket
 import string
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,13 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perago.errors import StackError
+from perago_dev import production
+from perago_dev.build import build_versitygw
 from perago_dev.paths import stack_paths
 from perago_dev.stack import HOST, Credentials, render_lakefs_config
 
 __all__ = ["BUCKET", "S3Stack", "s3_stack"]
 
-BUCKET = "perago-data"
-_REGION = "us-east-1"
+BUCKET = production.BUCKET
 _START_TIMEOUT = 60.0
 
 
@@ -48,6 +48,9 @@ class S3Stack:
     access_key_id: str
     secret_access_key: str
     lakectl_config: Path
+    s3_access_key_id: str
+    s3_secret_access_key: str
+    access_log: Path
 
     def env(self) -> dict[str, str]:
         """Perago's settings for this lakeFS (the ``PERAGO_*`` variables)."""
@@ -97,37 +100,39 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def s3_stack(work: Path) -> Iterator[S3Stack]:
-    """moto's S3 server and a lakeFS on it, with state under ``work``; stopped on exit.
+def s3_stack(work: Path, *, presign_expiry: str = "15m") -> Iterator[S3Stack]:
+    """versitygw and a lakeFS on it, with state under ``work``; stopped on exit.
 
-    Needs the lakeFS binary of ``perago dev build`` and ``moto_server`` next to Python.
+    ``presign_expiry``: how long lakeFS's pre-signed URLs live (a Go duration). Needs the
+    lakeFS binary of ``perago dev build``; builds versitygw if missing.
     """
     lakefs = stack_paths().bin / "lakefs"
-    moto = Path(sys.executable).parent / "moto_server"
     if not lakefs.exists():
         raise StackError(f"{lakefs} is missing: run `perago dev build` first")
-    if not moto.exists():
-        raise StackError("moto_server is missing: pip install 'perago-runtime[dev]'")
-    # moto keeps its objects in memory: lakeFS metadata of an earlier run would point at
-    # nothing (and its keys differ), so every run starts empty.
-    shutil.rmtree(work / "lakefs", ignore_errors=True)
-    work.mkdir(parents=True, exist_ok=True)
+    versitygw = build_versitygw()
+    # Every run starts empty: a bucket of an earlier run holds objects its lakeFS forgot.
+    for old in ("lakefs", "s3"):
+        shutil.rmtree(work / old, ignore_errors=True)
+    (work / "s3").mkdir(parents=True)
     s3_port, lakefs_port = _free_port(), _free_port()
     s3 = f"http://{HOST}:{s3_port}"
-    # moto accepts any keys; lakeFS signs its requests and its pre-signed URLs with these.
-    s3_key, s3_secret = _key(20), _key(40)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEFS_", "AWS_"))}
+    s3_key, s3_secret = "AKIA" + _key(16), _key(40)
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LAKEFS_", "AWS_", "VGW_", "ROOT_"))
+    }
+    access_log = work / "s3-access.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs.append(_spawn([str(moto), "-H", HOST, "-p", str(s3_port)], work / "moto.log", clean))
-        _wait(f"{s3}/moto-api/", procs[0], work / "moto.log", "moto_server")
-        request = urllib.request.Request(f"{s3}/{BUCKET}", method="PUT")
-        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10)
+        gateway = production.versitygw_command(versitygw, work / "s3", s3_port, access_log)
+        keys = {"ROOT_ACCESS_KEY_ID": s3_key, "ROOT_SECRET_ACCESS_KEY": s3_secret}
+        procs.append(_spawn(gateway, work / "s3.log", {**clean, **keys}))
+        _wait(f"{s3}/health", procs[0], work / "s3.log", "versitygw")
+        production.ensure_bucket(s3_port, s3_key, s3_secret)
         creds = Credentials("AKIA" + _key(16), _key(40), _key(48))
-        blockstore = (
-            f'{{ type: s3, default_namespace_prefix: "s3://{BUCKET}/", s3: {{ '
-            f'endpoint: "{s3}", force_path_style: true, region: {_REGION}, '
-            f'credentials: {{ access_key_id: "{s3_key}", secret_access_key: "{s3_secret}" }} }} }}'
+        blockstore = production.lakefs_blockstore(
+            s3_port=s3_port, s3_key=s3_key, s3_secret=s3_secret, presign_expiry=presign_expiry
         )
         config = work / "lakefs.yaml"
         config.write_text(
@@ -152,6 +157,9 @@ def s3_stack(work: Path) -> Iterator[S3Stack]:
             access_key_id=creds.access_key_id,
             secret_access_key=creds.secret_access_key,
             lakectl_config=lakectl,
+            s3_access_key_id=s3_key,
+            s3_secret_access_key=s3_secret,
+            access_log=access_log,
         )
     finally:
         for proc in reversed(procs):

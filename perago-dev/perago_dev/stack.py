@@ -66,7 +66,12 @@ PORT_ENV = {
     "conductor": "PERAGO_CONDUCTOR_PORT",
 }
 HEALTH_TIMEOUTS = {"postgres": 60.0, "s3": 30.0, "lakefs": 60.0, "conductor": 180.0}
-TITLES = {"postgres": "PostgreSQL", "s3": "S3 (versitygw)", "lakefs": "lakeFS", "conductor": "Conductor"}
+TITLES = {
+    "postgres": "PostgreSQL",
+    "s3": "S3 (versitygw)",
+    "lakefs": "lakeFS",
+    "conductor": "Conductor",
+}
 STOP_GRACE_SECONDS = 15.0
 _TAIL_LINES = 20
 
@@ -429,12 +434,10 @@ def _lakefs_config(
     data = _data_dir(paths, profile, "lakefs")
     if profile == "embedded":
         return render_lakefs_config(data=data, port=ports["lakefs"], credentials=creds)
-    database, blockstore = production.lakefs_production_sections(
-        postgres_port=ports["postgres"],
-        s3_port=ports["s3"],
-        s3_key=creds.s3_access_key_id,
-        s3_secret=creds.s3_secret_access_key,
+    blockstore = production.lakefs_blockstore(
+        s3_port=ports["s3"], s3_key=creds.s3_access_key_id, s3_secret=creds.s3_secret_access_key
     )
+    database = production.lakefs_database(ports["postgres"])
     return render_lakefs_config(
         data=data,
         port=ports["lakefs"],
@@ -476,7 +479,9 @@ def _command(
     cmd = conductor_command(java=find_java(), jar=jar, data=data, port=port, postgres_port=pg_port)
     # Spring maps SPRING_*/CONDUCTOR_* variables onto properties; keep the user's out.
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("SPRING_", "CONDUCTOR_", "SERVER_"))
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SPRING_", "CONDUCTOR_", "SERVER_"))
     }
     return cmd, env, None
 
@@ -547,9 +552,7 @@ def _say(message: str, progress: bool) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _ready(
-    paths: StackPaths, service: str, ports: Mapping[str, int], creds: Credentials
-) -> None:
+def _ready(paths: StackPaths, service: str, ports: Mapping[str, int], creds: Credentials) -> None:
     """What a service needs inside before the next layer starts: databases, the bucket."""
     if service == "postgres":
         production.ensure_databases(postgres_bin(), ports["postgres"])
@@ -595,11 +598,14 @@ def _check_profile(paths: StackPaths, profile: str, running: Mapping[str, int]) 
 def up(*, progress: bool = False, profile: str | None = None) -> StackInfo:
     """Build if needed, start what is not running, wait until all answer. Idempotent.
 
-    ``profile``: ``embedded`` or ``production`` (default: ``PERAGO_STACK_PROFILE``, else
-    embedded); a running stack of the other profile is an error, not replaced."""
+    ``profile``: ``embedded`` or ``production`` (default: ``PERAGO_STACK_PROFILE``, else the
+    running stack's, else embedded); a running stack of another profile than the one asked
+    for is an error, not replaced."""
+    paths = stack_paths()
+    if profile is None and not os.environ.get(PROFILE_ENV) and _running(paths):
+        profile = _saved_profile(paths)  # plain `up` reuses whichever stack runs
     profile = resolve_profile(profile)
     wanted = PROFILES[profile]
-    paths = stack_paths()
     binaries = [paths.bin / "lakefs", paths.bin / "lakectl"]
     if profile == "production":
         binaries.append(paths.bin / "versitygw")

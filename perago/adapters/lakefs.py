@@ -792,7 +792,11 @@ class LakeFSStore:
             if isinstance(body, bytes):
                 size = len(body)
             if not if_absent and self.presigned():
-                return self._upload_presigned(repository, branch, path, body, size, what)
+                stored = self._upload_presigned(repository, branch, path, body, size, what)
+                if stored is not None:
+                    return stored
+                if not isinstance(body, bytes):  # refused: the same bytes through lakeFS
+                    body.seek(0)
             headers = {
                 **self._auth,
                 "Content-Type": "application/octet-stream",
@@ -812,20 +816,32 @@ class LakeFSStore:
 
     def _upload_presigned(
         self, repository: str, branch: str, path: str, f: bytes | IO[bytes], size: int, what: str
-    ) -> ObjectInfo:
-        """Ask lakeFS where to put the bytes, PUT them there, then link them to ``path``."""
+    ) -> ObjectInfo | None:
+        """Ask lakeFS where to put the bytes, PUT them there, then link them to ``path``.
+
+        None if object storage refused the URL (expired, clock skew, a policy): the caller
+        sends the bytes through lakeFS instead, as a refused pre-signed download does."""
         backing = self._url(repository, f"branches/{quote(branch, safe='')}/staging/backing", path)
         resp = self._request("GET", backing + "&presign=true", what)
         self._check(resp, what)
         location = json.loads(resp.data)
-        put = self._request(
-            "PUT",
-            location["presigned_url"],
-            what,
-            headers={"Content-Length": str(size)},
-            server="object storage",
-            body=f,
-        )
+        try:
+            put = self._request(
+                "PUT",
+                location["presigned_url"],
+                what,
+                headers={"Content-Length": str(size)},
+                server="object storage",
+                body=f,
+            )
+        except StoreError as e:
+            # A server refusing a large body often answers 403 and closes while the body is
+            # still on its way: the client sees a broken connection, not the answer.
+            log.info("presigned_put_failed", path=path, error=str(e))
+            return None
+        if put.status in (400, 401, 403):
+            log.info("presigned_url_refused", status=put.status, path=path, method="PUT")
+            return None
         self._check(put, what, "object storage")
         etag = str(put.headers.get("ETag", "")).strip('"')
         metadata = {"staging": location, "checksum": etag, "size_bytes": size}

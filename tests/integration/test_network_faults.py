@@ -221,7 +221,8 @@ def test_materialize_rides_out_a_link_that_resets_then_recovers(
             )
             healed.start()
 
-    faulty = ResetAfterListing(load({**stack_env, **through}))
+    # Bytes through lakeFS (the proxied link) on either profile, not pre-signed from S3.
+    faulty = ResetAfterListing(load({**stack_env, **through, "PERAGO_PRESIGN": "off"}))
     try:
         materialize(faulty, repo, "main", "d/", tmp_path / "out", parallelism=8)
     finally:

@@ -216,6 +216,7 @@ def test_spark_task_on_a_standalone_cluster(
         try:
             again = wait_workflow(conductor, start(conductor, local, repo), timeout=300)
         except AssertionError as e:
-            tails = (f"{p.name}:\n{p.read_text()[-4000:]}" for p in (tmp_path / "w2.log", master_log))
+            logs = (tmp_path / "w2.log", master_log)
+            tails = (f"{p.name}:\n{p.read_text()[-4000:]}" for p in logs)
             raise AssertionError("\n".join((str(e), *tails))) from None
     assert again["status"] == "COMPLETED", again.get("reasonForIncompletion")

@@ -1,4 +1,4 @@
-"""Pre-signed transfers on the S3 stack variant (moto's S3 server and a lakeFS on it).
+"""Pre-signed transfers on the S3 stack variant (versitygw and a lakeFS on it).
 
 Bytes must go straight between the workspace and object storage, lakeFS answering metadata
 calls only; a publication and a materialization must carry the same bytes as through lakeFS;
@@ -7,10 +7,13 @@ the content cache must recognise what a pre-signed upload put there.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import http.server
 import os
-import threading
+import re
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,7 +28,7 @@ from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.store import ObjectInfo
 from perago.testing import StaticLedger
 from perago.workspace import ContentCache, Diff, materialize
-from perago_dev.s3_stack import S3Stack, s3_stack
+from perago_dev.s3_stack import BUCKET, S3Stack, s3_stack
 from tests.clock import tick_past
 
 pytestmark = pytest.mark.integration
@@ -115,18 +118,6 @@ def test_bytes_go_straight_to_object_storage_both_ways(s3: S3Stack, tmp_path: Pa
     assert not [u for m, u in store.requests if u.startswith(s3.s3_endpoint)]
 
 
-class _Refusing(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"
-        self.send_response(403)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 class _Job:
     """A download job into a plain file (perago.store.DownloadJob)."""
 
@@ -144,30 +135,120 @@ class _Job:
         self.ok = ok
 
 
+def _key(obj: ObjectInfo) -> str:
+    """The object's key in the bucket, from its physical address."""
+    prefix = f"s3://{BUCKET}/"
+    assert obj.physical_address.startswith(prefix), obj.physical_address
+    return obj.physical_address[len(prefix) :]
+
+
+def _refusals(s3: S3Stack, key: str, action: str) -> int:
+    """How many requests for ``key`` the S3 server refused with 403, by its access log."""
+    lines = s3.access_log.read_text(errors="replace").splitlines()
+    return sum(f" s3_{action} {key} " in line and " 403 " in line for line in lines)
+
+
 def test_an_expired_presigned_url_falls_back_to_lakefs(s3: S3Stack, tmp_path: Path) -> None:
-    """A fake stands in for S3 here: moto checks neither signatures nor expiry, so it cannot
-    refuse an expired URL (403 AccessDenied) as S3 does."""
+    """The S3 server checks a URL's expiry as S3 does: an expired one is refused (403) and the
+    bytes come through lakeFS instead, one by one and in a batch."""
+    import boto3
+    from botocore.config import Config
+
     store = LakeFSStore(load(s3.env()))
     store.create_repository("presign-expired")
     src = tmp_path / "x.bin"
     src.write_bytes(b"through lakeFS after all")
     store.upload("presign-expired", "main", "x.bin", src)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        expired = f"http://127.0.0.1:{server.server_address[1]}/perago-data/x.bin?X-Amz-Expires=1"
-        dest = tmp_path / "dest.bin"
-        with dest.open("wb") as f:
-            store.download("presign-expired", "main", "x.bin", f, url=expired)
-        assert dest.read_bytes() == b"through lakeFS after all"
-        # the same in a batch (libcurl): the refused URL's body never reaches the file
-        job = _Job(ObjectInfo("x.bin", 24, "", download_url=expired), tmp_path / "batch.bin")
-        store.download_many("presign-expired", "main", [job], parallelism=2)
-        assert job.ok and (tmp_path / "batch.bin").read_bytes() == b"through lakeFS after all"
-    finally:
-        server.shutdown()
+    [stored] = store.list_objects("presign-expired", "main", "")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.s3_endpoint,
+        aws_access_key_id=s3.s3_access_key_id,
+        aws_secret_access_key=s3.s3_secret_access_key,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, signature_version="s3v4"),
+    )
+    params = {"Bucket": BUCKET, "Key": _key(stored)}
+    expired = client.generate_presigned_url("get_object", Params=params, ExpiresIn=1)
+    deadline = time.monotonic() + 10
+    while True:  # until the server itself says it expired
+        try:
+            urllib.request.build_opener(urllib.request.ProxyHandler({})).open(expired).close()
+        except urllib.error.HTTPError as e:
+            assert e.code == 403
+            break
+        assert time.monotonic() < deadline, "the URL did not expire within 10 s"
+        time.sleep(0.2)
+    refused = _refusals(s3, _key(stored), "GetObject")
+
+    dest = tmp_path / "dest.bin"
+    with dest.open("wb") as f:
+        store.download("presign-expired", "main", "x.bin", f, url=expired)
+    assert dest.read_bytes() == b"through lakeFS after all"
+    # the same in a batch (libcurl): the refused URL's body never reaches the file
+    job = _Job(ObjectInfo("x.bin", 24, "", download_url=expired), tmp_path / "batch.bin")
+    store.download_many("presign-expired", "main", [job], parallelism=2)
+    assert job.ok and (tmp_path / "batch.bin").read_bytes() == b"through lakeFS after all"
+    assert _refusals(s3, _key(stored), "GetObject") == refused + 2
 
 
+class Tampering(Recording):
+    """Every pre-signed URL lakeFS hands out arrives with a wrong signature, as after a key
+    rotation: the S3 server refuses it (403 SignatureDoesNotMatch)."""
+
+    def __init__(self, settings: Settings, s3_endpoint: str) -> None:
+        super().__init__(settings)
+        self._s3 = s3_endpoint
+
+    def _spoil(self, url: str) -> str:
+        if not url.startswith(self._s3):
+            return url
+        return re.sub(r"X-Amz-Signature=[0-9a-f]+", "X-Amz-Signature=" + "0" * 64, url)
+
+    def _request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        return super()._request(method, self._spoil(url), *args, **kwargs)
+
+    def list_objects(self, *args: Any, **kwargs: Any) -> Iterator[ObjectInfo]:
+        for obj in super().list_objects(*args, **kwargs):
+            yield dataclasses.replace(obj, download_url=self._spoil(obj.download_url))
+
+
+def test_a_refused_presigned_url_falls_back_to_lakefs_both_ways(
+    s3: S3Stack, tmp_path: Path
+) -> None:
+    store = Tampering(load(s3.env()), s3.s3_endpoint)
+    assert store.presigned()
+    store.create_repository("presign-refused")
+    files = {"small.bin": os.urandom(100), "big.bin": os.urandom(3 << 20)}
+    for rel, data in files.items():
+        (tmp_path / rel).write_bytes(data)
+        assert store.upload("presign-refused", "main", rel, tmp_path / rel).size == len(data)
+    puts = [u for m, u in store.requests if m == "PUT" and u.startswith(s3.s3_endpoint)]
+    assert len(puts) == len(files)  # each tried its pre-signed URL first...
+    posts = [u for m, u in store.requests if m == "POST" and "/objects?path=" in u]
+    assert len(posts) == len(files)  # ...then went through lakeFS
+    ref = store.commit("presign-refused", "main", message="up", metadata={}).id
+    listed = {o.path: o for o in store.list_objects("presign-refused", ref, "")}
+    assert {p: o.size for p, o in listed.items()} == {p: len(d) for p, d in files.items()}
+
+    # Read back: the listing's spoiled URLs are refused, lakeFS serves the bytes.
+    store.requests.clear()
+    materialize(store, "presign-refused", ref, "", tmp_path / "out", parallelism=2)
+    assert {rel: (tmp_path / "out" / rel).read_bytes() for rel in files} == files
+    for obj in listed.values():
+        assert _refusals(s3, _key(obj), "PutObject") == 0  # lakeFS wrote it, not a URL
+        assert _refusals(s3, _key(obj), "GetObject") >= 1
+
+
+@pytest.fixture
+def local_blockstore(stack_env: dict[str, str]) -> None:
+    from perago_dev.stack import info
+
+    if info().profile != "embedded":
+        pytest.skip("about lakeFS's local blockstore: the embedded profile's")
+
+
+@pytest.mark.usefixtures("local_blockstore")
 def test_presign_on_is_refused_where_lakefs_cannot_presign(settings: Settings) -> None:
     """The default stack's local blockstore cannot pre-sign: auto sends bytes through lakeFS,
     on is a configuration error that says what to do."""
@@ -195,6 +276,7 @@ def test_presign_off_sends_every_byte_through_lakefs(s3: S3Stack, tmp_path: Path
     assert not [u for _, u in store.requests if u.startswith(s3.s3_endpoint)]
 
 
+@pytest.mark.usefixtures("local_blockstore")
 def test_a_worker_beside_lakefs_reads_its_local_blockstore_directly(
     settings: Settings, stack_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -67,12 +67,15 @@ def _repo_name() -> str:
     return "stack-" + uuid.uuid4().hex[:10]
 
 
+def _namespace(name: str) -> str:
+    """Where a repository's data goes on the running profile's blockstore."""
+    return f"s3://perago-data/{name}" if stack.info().profile == "production" else f"local://{name}"
+
+
 def test_both_servers_answer_health_checks(info: stack.StackInfo) -> None:
     states = stack.status()
-    assert {name: (s.running, s.healthy) for name, s in states.items()} == {
-        "lakefs": (True, True),
-        "conductor": (True, True),
-    }
+    assert tuple(states) == stack.PROFILES[info.profile]
+    assert all((s.running, s.healthy) == (True, True) for s in states.values()), states
     assert states["lakefs"].url == info.lakefs_endpoint
     assert states["conductor"].url == info.conductor_url
     assert all(s.pid is not None for s in states.values())
@@ -94,7 +97,7 @@ def test_lakefs_repository_branch_upload_commit_merge_reset(
     refs, experimental = lakefs_sdk.RefsApi(lakefs), lakefs_sdk.ExperimentalApi(lakefs)
     name = _repo_name()
     repos.create_repository(
-        lakefs_sdk.RepositoryCreation(name=name, storage_namespace=f"local://{name}")
+        lakefs_sdk.RepositoryCreation(name=name, storage_namespace=_namespace(name))
     )
     try:
         base = branches.get_branch(name, "main").commit_id
@@ -188,7 +191,7 @@ def test_dev_env_makes_lakectl_work_in_a_shell(
     name = _repo_name()
     script = (
         f'eval "$({PERAGO} dev env)" && '
-        f"lakectl repo create lakefs://{name} local://{name} >/dev/null && "
+        f"lakectl repo create lakefs://{name} {_namespace(name)} >/dev/null && "
         "lakectl repo list"
     )
     # only what `perago dev env` exports: no lakectl config or credentials of the user's
@@ -287,15 +290,16 @@ def test_lakectl_config_file_reaches_the_real_lakefs(
 
 
 def test_new_repositories_go_where_lakefs_says(settings: Settings) -> None:
-    """`repo init --create` takes lakeFS's own default namespace prefix (local:// here)."""
+    """`repo init --create` takes lakeFS's own default namespace prefix (local:// on the
+    embedded profile, the bucket on the production one)."""
     from perago.adapters.lakefs import LakeFSStore
 
     store = LakeFSStore(settings)
     name = f"ns-{uuid.uuid4().hex[:8]}"
-    assert store.storage_namespace_for(name) == f"local://{name}"
+    assert store.storage_namespace_for(name) == _namespace(name)
     store.create_repository(name)
     try:
         api = lakefs_sdk.RepositoriesApi(store._client)
-        assert api.get_repository(name).storage_namespace == f"local://{name}"
+        assert api.get_repository(name).storage_namespace == _namespace(name)
     finally:
         store.delete_repository(name)

@@ -138,13 +138,26 @@ def _paths(tmp_path: Path) -> StackPaths:
     return p
 
 
+_PRODUCTION_ONLY = {"postgres": 18432, "s3": 18900}
+
+
 def test_ports_default_then_environment_then_saved(tmp_path: Path) -> None:
     p = _paths(tmp_path)
-    assert stack.resolve_ports(p, {}) == {"lakefs": 18000, "conductor": 18080}
-    env = {"PERAGO_LAKEFS_PORT": "19000"}
-    assert stack.resolve_ports(p, env) == {"lakefs": 19000, "conductor": 18080}
-    p.ports.write_text(json.dumps({"lakefs": 19000, "conductor": 19080}))
-    assert stack.resolve_ports(p, {}) == {"lakefs": 19000, "conductor": 19080}
+    assert stack.resolve_ports(p, {}) == {"lakefs": 18000, "conductor": 18080, **_PRODUCTION_ONLY}
+    env = {"PERAGO_LAKEFS_PORT": "19000", "PERAGO_POSTGRES_PORT": "19432"}
+    assert stack.resolve_ports(p, env) == {
+        "lakefs": 19000,
+        "conductor": 18080,
+        "postgres": 19432,
+        "s3": 18900,
+    }
+    p.ports.write_text(json.dumps({"lakefs": 19000, "conductor": 19080, "s3": 19900}))
+    assert stack.resolve_ports(p, {}) == {
+        "lakefs": 19000,
+        "conductor": 19080,
+        "postgres": 18432,
+        "s3": 19900,
+    }
 
 
 def test_a_running_service_keeps_its_saved_port(tmp_path: Path) -> None:
@@ -152,19 +165,32 @@ def test_a_running_service_keeps_its_saved_port(tmp_path: Path) -> None:
     p.ports.write_text(json.dumps({"lakefs": 19000, "conductor": 19080}))
     env = {"PERAGO_LAKEFS_PORT": "20000", "PERAGO_CONDUCTOR_PORT": "20080"}
     ports = stack.resolve_ports(p, env, running=frozenset({"lakefs"}))
-    assert ports == {"lakefs": 19000, "conductor": 20080}
+    assert ports == {"lakefs": 19000, "conductor": 20080, **_PRODUCTION_ONLY}
 
 
 def test_ports_from_an_older_stack_folder_are_kept(tmp_path: Path) -> None:
     p = _paths(tmp_path)
     p.credentials.write_text(json.dumps({"lakefs_port": "18100", "conductor_port": "18180"}))
-    assert stack.resolve_ports(p, {}) == {"lakefs": 18100, "conductor": 18180}
+    assert stack.resolve_ports(p, {}) == {"lakefs": 18100, "conductor": 18180, **_PRODUCTION_ONLY}
 
 
 def test_services_cannot_share_a_port(tmp_path: Path) -> None:
     env = {"PERAGO_LAKEFS_PORT": "18080"}
     with pytest.raises(StackError, match="cannot share port 18080"):
         stack.resolve_ports(_paths(tmp_path), env)
+    env = {"PERAGO_S3_PORT": "18432"}  # the production profile's too
+    with pytest.raises(StackError, match="PERAGO_POSTGRES_PORT and PERAGO_S3_PORT"):
+        stack.resolve_ports(_paths(tmp_path), env)
+
+
+def test_a_profile_is_named_or_refused(tmp_path: Path) -> None:
+    assert stack.resolve_profile(None, {}) == "embedded"
+    assert stack.resolve_profile(None, {"PERAGO_STACK_PROFILE": "production"}) == "production"
+    assert stack.resolve_profile("embedded", {"PERAGO_STACK_PROFILE": "production"}) == "embedded"
+    with pytest.raises(StackError, match=r"--profile='prod' is not a profile; use one of"):
+        stack.resolve_profile("prod", {})
+    with pytest.raises(StackError, match=r"PERAGO_STACK_PROFILE='x' is not a profile"):
+        stack.resolve_profile(None, {"PERAGO_STACK_PROFILE": "x"})
 
 
 # -- config and credentials ------------------------------------------------------------------------
@@ -218,6 +244,91 @@ def test_conductor_command_binds_loopback_with_sqlite(tmp_path: Path) -> None:
     assert "--conductor.queue.type=sqlite" in cmd
 
 
+def test_credentials_of_an_older_stack_gain_s3_keys_and_keep_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "credentials.json"
+    old = {"access_key_id": "AKIAOLD", "secret_access_key": "old", "encrypt_secret": "enc"}
+    path.write_text(json.dumps(old))
+    creds = stack.load_credentials(path)
+    assert (creds.access_key_id, creds.secret_access_key, creds.encrypt_secret) == (
+        "AKIAOLD",
+        "old",
+        "enc",
+    )
+    assert creds.s3_access_key_id.startswith("AKIA") and len(creds.s3_secret_access_key) == 40
+    assert stack.load_credentials(path) == creds  # saved, not generated again
+
+
+def test_production_lakefs_config_is_postgres_and_s3_with_presigning(tmp_path: Path) -> None:
+    from perago_dev import production
+
+    creds = stack.Credentials("AKIAEXAMPLE", "secret", "enc", "AKIAS3", "s3secret")
+    text = stack.render_lakefs_config(
+        data=tmp_path,
+        port=18000,
+        credentials=creds,
+        database=production.lakefs_database(18432),
+        blockstore=production.lakefs_blockstore(
+            s3_port=18900, s3_key="AKIAS3", s3_secret="s3secret", presign_expiry="2s"
+        ),
+    )
+    config = yaml.safe_load(text)
+    assert config["database"] == {
+        "type": "postgres",
+        "postgres": {
+            "connection_string": "postgres://postgres@127.0.0.1:18432/lakefs?sslmode=disable"
+        },
+    }
+    blockstore = config["blockstore"]
+    assert blockstore["type"] == "s3"
+    assert blockstore["default_namespace_prefix"] == "s3://perago-data/"
+    assert blockstore["s3"]["endpoint"] == "http://127.0.0.1:18900"
+    assert blockstore["s3"]["force_path_style"] is True
+    assert blockstore["s3"]["pre_signed_expiry"] == "2s"
+    assert blockstore["s3"]["credentials"] == {
+        "access_key_id": "AKIAS3",
+        "secret_access_key": "s3secret",
+    }
+    assert "disable_pre_signed" not in blockstore["s3"]  # lakeFS pre-signs by default
+
+
+def test_conductor_command_on_postgres_moves_every_store(tmp_path: Path) -> None:
+    cmd = stack.conductor_command(
+        java=Path("/j/bin/java"), jar=Path("/s/c.jar"), data=tmp_path, port=18080, postgres_port=5
+    )
+    url = "jdbc:postgresql://127.0.0.1:5/conductor"
+    assert f"--spring.datasource.url={url}" in cmd
+    for kind in ("db", "queue", "indexing", "workflow-execution-lock", "external-payload-storage"):
+        assert f"--conductor.{kind}.type=postgres" in cmd
+    assert not [a for a in cmd if "sqlite" in a]
+
+
+def test_postgres_runs_loopback_only_without_a_socket_folder(tmp_path: Path) -> None:
+    from perago_dev import production
+
+    cmd = production.postgres_command(Path("/pg/bin"), tmp_path / "data", 18432)
+    assert cmd[:5] == ["/pg/bin/postgres", "-D", str(tmp_path / "data"), "-p", "18432"]
+    assert "listen_addresses=127.0.0.1" in cmd and "unix_socket_directories=" in cmd
+
+
+def test_a_missing_postgres_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(build, "_POSTGRES_DIRS", (str(tmp_path / "none" / "*" / "bin"),))
+    monkeypatch.setattr(build.shutil, "which", lambda _: None)
+    with pytest.raises(StackError, match=r"apt-get install postgresql.*PERAGO_POSTGRES_BIN"):
+        build.postgres_bin({})
+    with pytest.raises(StackError, match=r"PERAGO_POSTGRES_BIN=/nowhere has no initdb"):
+        build.postgres_bin({"PERAGO_POSTGRES_BIN": "/nowhere"})
+    for tool in ("initdb", "postgres"):
+        (tmp_path / "pg" / "16" / "bin").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pg" / "16" / "bin" / tool).write_text("")
+    (tmp_path / "pg" / "9" / "bin").mkdir(parents=True)
+    for tool in ("initdb", "postgres"):
+        (tmp_path / "pg" / "9" / "bin" / tool).write_text("")
+    monkeypatch.setattr(build, "_POSTGRES_DIRS", (str(tmp_path / "pg" / "*" / "bin"),))
+    assert build.postgres_bin({}) == tmp_path / "pg" / "16" / "bin"  # the newest
+
+
 def test_a_pid_that_is_not_our_binary_is_never_ours(tmp_path: Path) -> None:
     p = _paths(tmp_path)
     p.pid_file("lakefs").write_text("1")  # alive, but not started by this stack
@@ -265,7 +376,7 @@ def test_a_busy_port_names_the_variable_to_set(tmp_path: Path) -> None:
         port = s.getsockname()[1]
         message = rf"port {port} is in use by another process; stop it or set PERAGO_LAKEFS_PORT"
         with pytest.raises(StackError, match=message):
-            stack._start(p, "lakefs", port, creds)
+            stack._start(p, "embedded", "lakefs", {**stack.DEFAULT_PORTS, "lakefs": port}, creds)
     assert not p.pid_file("lakefs").exists()
 
 
