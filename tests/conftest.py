@@ -27,9 +27,10 @@ _STACK_VARS = (
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test sees another test's failpoints or Perago settings."""
+    """No test sees another test's failpoints or Perago settings (which stack the run uses
+    stays: its folder and profile)."""
     for name in list(os.environ):
-        if name.startswith("PERAGO_") and name not in ("PERAGO_STACK_DIR",):
+        if name.startswith("PERAGO_") and name not in ("PERAGO_STACK_DIR", "PERAGO_STACK_PROFILE"):
             monkeypatch.delenv(name, raising=False)
 
 

@@ -238,7 +238,11 @@ def test_spark_local_session_writes_and_reads_parquet(tmp_path: Path) -> None:
 
 def _stack_processes(stack_dir: Path) -> list[str]:
     """Command lines of live processes running this stack's binaries or jars."""
-    owned = (f"{stack_dir}/bin/", f"{stack_dir}/conductor/")
+    from perago_dev.paths import stack_paths
+    from perago_dev.production import postgres_data
+
+    # PostgreSQL runs the distribution's binary: its data folder names it as the stack's.
+    owned = (f"{stack_dir}/bin/", f"{stack_dir}/conductor/", str(postgres_data(stack_paths())))
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
@@ -257,7 +261,7 @@ def _stack_processes(stack_dir: Path) -> list[str]:
 def test_zz_down_leaves_nothing_then_up_again(info: stack.StackInfo) -> None:
     """Runs last in this module; the stack is up again for the modules that follow."""
     assert _stack_processes(info.stack_dir), "the stack's processes should be visible"
-    assert stack.down() == ["lakefs", "conductor"]
+    assert stack.down() == list(stack.PROFILES[info.profile])
     assert _stack_processes(info.stack_dir) == []
     assert not any(s.running for s in stack.status().values())
     assert stack.down() == []  # nothing left to stop
