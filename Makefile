@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Pythons >= 3.11. `make install` (and so CI) installs through it; `make lock` refreshes it.
 LOCK := requirements/constraints.txt
 
-.PHONY: install stack-build browser postgres production-build test-production demo test lint typecheck unit integration bench soak model-check chaos down lock
+.PHONY: install stack-build browser postgres production-build test-production image demo test lint typecheck unit integration bench soak model-check chaos down lock
 
 $(STAMP): pyproject.toml perago-dev/pyproject.toml $(LOCK)
 	@test -n "$(PY)" || { echo "Python >= 3.11 is required (none of python3, python3.13, python3.12, python3.11 is); set PY=/path/to/python"; exit 1; }
@@ -104,6 +104,17 @@ test-production: install production-build
 		-n $(TEST_WORKERS) --dist loadgroup -m "not serial and not exhaustive" $(PRODUCTION_TESTS) || status=$$?; \
 	PERAGO_TEST_RUN=$$run $(BIN)/pytest -q -ra --durations=10 -m "serial and not exhaustive" $(PRODUCTION_TESTS) || status=$$?; \
 	exit $$status
+
+## image: the worker image without a registry (debootstrap + buildah, as root; an OCI archive in
+## .stack/image), then its entrypoint checked in a read-only chroot against the production profile
+image: install production-build
+	@command -v debootstrap >/dev/null && command -v buildah >/dev/null || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q --no-install-recommends debootstrap buildah >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends debootstrap buildah >/dev/null; }; \
+	fi
+	$(BIN)/perago dev down
+	PERAGO_STACK_PROFILE=production $(BIN)/perago dev image
 
 bench: install
 	$(BIN)/python -m benchmarks.run

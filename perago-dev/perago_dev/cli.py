@@ -155,6 +155,27 @@ def status_cmd() -> None:
         raise typer.Exit(3)
 
 
+@app.command("image")
+def image_cmd(
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check/--no-check",
+            help="Then run its entrypoint in a chroot against the running stack.",
+        ),
+    ] = True,
+) -> None:
+    """Build the worker image from Debian's packages and PyPI's wheels (no registry), as
+    root; write it as an OCI archive; check it in a chroot of its root filesystem."""
+    from perago_dev import image, stack
+
+    built = _run(lambda: image.build(progress=True))
+    typer.echo(f"image {built.name}: {built.archive} (root filesystem {built.rootfs})")
+    if check:  # on the running stack, else the one PERAGO_STACK_PROFILE names
+        env = _run(lambda: stack.up(progress=True)).env()
+        _run(lambda: image.check(built, env))
+
+
 def _single_quoted(value: str) -> str:
     """POSIX shell single quotes, always (``shlex.quote`` leaves plain words bare)."""
     return "'" + value.replace("'", "'\"'\"'") + "'"
