@@ -31,31 +31,26 @@ lock: $(STAMP)
 ## install: virtualenv + dependencies + stack binaries + a browser for the UI test (idempotent)
 install: $(STAMP) stack-build browser
 
-# Debian's Chromium, for the test that looks at lakeFS's web UI (installed when root on Debian).
-browser:
-	@command -v chromium >/dev/null && exit 0; \
-	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing Debian's chromium (for tests/integration/test_webui.py)"; \
-		apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
-		{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; }; \
+# $(call apt_install,PACKAGES,WHY): Debian's packages, installed when root on Debian (else say so).
+apt_install = if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's $(1) ($(2))"; \
+		apt-get install -y -q --no-install-recommends $(1) >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(1) >/dev/null; }; \
 	else \
-		echo "Chromium is missing: install it (Debian: sudo apt-get install chromium); the lakeFS UI test needs it"; \
+		echo "missing: install $(1) (Debian: sudo apt-get install $(1)); $(2) needs it"; \
 	fi
+
+# Debian's Chromium, for the test that looks at lakeFS's web UI.
+browser:
+	@command -v chromium >/dev/null || { $(call apt_install,chromium,tests/integration/test_webui.py); }
 
 stack-build: $(STAMP)
 	$(BIN)/perago dev build
 
-# PostgreSQL for the production profile (installed when root on Debian, like Chromium).
+# PostgreSQL for the production profile.
 postgres:
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && exit 0; \
-	command -v initdb >/dev/null && exit 0; \
-	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing Debian's postgresql (for the production profile)"; \
-		apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 || \
-		{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; \
-	else \
-		echo "PostgreSQL is missing: install it (Debian: sudo apt-get install postgresql); the production profile needs it"; \
-	fi
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+	{ $(call apt_install,postgresql,the production profile); }
 
 production-build: $(STAMP) postgres
 	$(BIN)/perago dev build --profile production
@@ -109,10 +104,7 @@ test-production: install production-build
 ## .stack/image), then its entrypoint checked in a read-only chroot against the production profile
 image: install production-build
 	@command -v debootstrap >/dev/null && command -v buildah >/dev/null || \
-	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		apt-get install -y -q --no-install-recommends debootstrap buildah >/dev/null 2>&1 || \
-		{ apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends debootstrap buildah >/dev/null; }; \
-	fi
+	{ $(call apt_install,debootstrap buildah,perago dev image); }
 	$(BIN)/perago dev down
 	PERAGO_STACK_PROFILE=production $(BIN)/perago dev image
 

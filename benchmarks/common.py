@@ -262,3 +262,35 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, -(-len(ordered) * q // 100))
     return ordered[int(rank) - 1]
+
+
+def start_workers(
+    module: str, logs: Sequence[Path], *, concurrency: int, env: dict[str, str]
+) -> list[subprocess.Popen[bytes]]:
+    """One ``perago worker MODULE --concurrency N`` process per log file, run from the
+    checkout; stop them with :func:`stop_workers`."""
+    logs[0].parent.mkdir(parents=True, exist_ok=True)
+    workers = []
+    for log in logs:
+        with log.open("w") as out:
+            workers.append(
+                subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "perago", "worker"),
+                        *(module, "--concurrency", str(concurrency)),
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return workers
+
+
+def stop_workers(workers: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM (a drain) to each, then wait for all."""
+    for w in workers:
+        w.terminate()
+    for w in workers:
+        w.wait(timeout=60)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 import uuid
@@ -28,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, percentile
+from benchmarks.common import ROOT, percentile, start_workers, stop_workers
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, register
@@ -72,22 +71,7 @@ def _measure(profile: str, workflows: int) -> dict[str, Any]:
     store.create_repository(repo)
     ws = {"repository": repo, "branch": "main", "ref": store.branch_head(repo, "main")}
     logs = [Path(settings.work_dir) / f"bench-tput-{suffix}-w{n}.log" for n in range(WORKERS)]
-    logs[0].parent.mkdir(parents=True, exist_ok=True)
-    workers = []
-    for log in logs:
-        with log.open("w") as out:
-            workers.append(
-                subprocess.Popen(
-                    [
-                        *(sys.executable, "-m", "perago", "worker"),
-                        *("benchmarks.fanout_scale_tasks", "--concurrency", str(CONCURRENCY)),
-                    ],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+    workers = start_workers("benchmarks.fanout_scale_tasks", logs, concurrency=CONCURRENCY, env=env)
     try:
         # one warm-up workflow: the workers are polling and the JIT has seen the paths
         _wait_all(conductor, [conductor.start_workflow(flow, {"workspace": ws})], 120)
@@ -101,10 +85,7 @@ def _measure(profile: str, workflows: int) -> dict[str, Any]:
         records = _wait_all(conductor, ids, 60 + workflows)
         wall = time.monotonic() - started
     finally:
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            w.wait(timeout=60)
+        stop_workers(workers)
     tasks = [wf["tasks"][0] for wf in records]
     poll_to_report = sorted((int(t["endTime"]) - int(t["startTime"])) / 1000 for t in tasks)
     queue_wait = sorted((int(t["startTime"]) - int(t["scheduledTime"])) / 1000 for t in tasks)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -27,7 +26,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, fanout_workflow, percentile, resolve_stack
+from benchmarks.common import (
+    fanout_workflow,
+    percentile,
+    resolve_stack,
+    start_workers,
+    stop_workers,
+)
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, register
@@ -154,22 +159,12 @@ def main(argv: list[str]) -> int:
     register(conductor, discover(["benchmarks.fanout_scale_tasks"]))
     conductor.put_workflow_defs([fanout_workflow(flow)])
     logs = [Path(settings.work_dir) / f"bench-scale-{suffix}-w{n}.log" for n in range(WORKERS)]
-    logs[0].parent.mkdir(parents=True, exist_ok=True)
-    workers = []
-    for log in logs:
-        with log.open("w") as out:
-            workers.append(
-                subprocess.Popen(
-                    [
-                        *(sys.executable, "-m", "perago", "worker"),
-                        *("benchmarks.fanout_scale_tasks", "--concurrency", str(CONCURRENCY)),
-                    ],
-                    cwd=ROOT,
-                    env={**env, "PERAGO_POLL_INTERVAL": "0.1"},
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+    workers = start_workers(
+        "benchmarks.fanout_scale_tasks",
+        logs,
+        concurrency=CONCURRENCY,
+        env={**env, "PERAGO_POLL_INTERVAL": "0.1"},
+    )
     rows = []
     try:
         for parts in sizes:
@@ -178,10 +173,7 @@ def main(argv: list[str]) -> int:
             alone = _alone(store, parts)
             rows.append((parts, wall, alone, floor, wid))
     finally:
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            w.wait(timeout=60)
+        stop_workers(workers)
     print(
         f"(l) fan-out at scale: {WORKERS} workers x --concurrency {CONCURRENCY}, each partition "
         f"{FILES} x {SIZE // 1024} KiB; lakeFS alone: the same publications "
