@@ -47,6 +47,7 @@ class Chaos:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.seed: int = args.seed
+        self.profile = "embedded"  # the stack's, once set up
         self.stop = threading.Event()  # the end of everything (the starter, the nudger)
         self.stop_faults = threading.Event()
         self.runs: list[Run] = []
@@ -64,6 +65,7 @@ class Chaos:
     def setup(self) -> None:
         _say("starting the stack")
         info = stack.up(progress=False)
+        self.profile = info.profile
         self.stack_env = info.env()
         self.settings = config.load(env=self.stack_env)
         self.store = LakeFSStore(self.settings)
@@ -312,10 +314,12 @@ class Chaos:
         self, f: Figures, elapsed: float, schedule: list[Fault], staging: int, leases: int
     ) -> dict[str, Any]:
         a = self.args
+        on = "PERAGO_STACK_PROFILE=production " if self.profile == "production" else ""
         return {
             "seed": self.seed,
+            "profile": self.profile,
             "command": (
-                f"make chaos CHAOS_ARGS='--seed {self.seed} --minutes {a.minutes} --workflows "
+                f"{on}make chaos CHAOS_ARGS='--seed {self.seed} --minutes {a.minutes} --workflows "
                 f"{a.workflows} --workers {a.workers} --concurrency {a.concurrency}"
                 f"{'' if a.proxy else ' --no-proxy'}'"
             ),
@@ -405,7 +409,7 @@ def _markdown(r: dict[str, Any]) -> str:
     ]
     lines = [
         f"### Seed {r['seed']}: {r['minutes']} min, {r['workers']} workers x "
-        f"{r['concurrency']} ({r['finished']})",
+        f"{r['concurrency']}, {r.get('profile', 'embedded')} profile ({r['finished']})",
         "",
         f"`{r['command']}`",
         "",
