@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         "--stack",
         choices=("default", "s3"),
         default="default",
-        help="s3: the data scenarios (a, b, c, i) on the S3 stack variant (moto's S3 server and "
+        help="s3: the data scenarios (a, b, c, i) on the S3 stack variant (versitygw and "
         "a lakeFS on it, perago_dev.s3_stack), with pre-signed transfers on both sides; its "
         "results go to benchmarks/results-s3.json unless --output says otherwise",
     )
