@@ -234,7 +234,12 @@ def _assemble(rootfs: Path, name: str, archive: Path, log: Path) -> None:
         subprocess.run([buildah, "rm", ctr], env=env, check=False, capture_output=True)
         raise
     archive.unlink(missing_ok=True)
-    _run([buildah, "push", name, f"oci-archive:{archive}:{name.rsplit(':', 1)[1]}"], log, env=env)
+    try:
+        _run(
+            [buildah, "push", name, f"oci-archive:{archive}:{name.rsplit(':', 1)[1]}"], log, env=env
+        )
+    finally:  # the archive is the product; vfs storage would keep a full copy per build
+        subprocess.run([buildah, "rmi", name], env=env, check=False, capture_output=True)
 
 
 # -- the check --------------------------------------------------------------------------------
