@@ -309,7 +309,11 @@ def check(image: Image, stack_env: Mapping[str, str], *, say: bool = True) -> li
         )
         if version.returncode != 0:
             raise StackError(f"`perago --version` in the image failed: {version.stderr[-2000:]}")
-        ok(f"`perago --version` as uid {UID} on a read-only root: {version.stdout.strip()}")
+        ok(f"`perago --version` as uid {UID}: {version.stdout.strip()}")
+        probe = "touch /tmp/w && ! touch /app/w 2>/dev/null && ! touch /home/perago/w 2>/dev/null"
+        if subprocess.run([*chroot, str(top), "/bin/sh", "-c", probe], env=env).returncode != 0:
+            raise StackError("the chroot's root is writable or its /tmp is not: check the mounts")
+        ok("the root filesystem refuses writes, /tmp takes them")
         repo = f"image-check-{uuid.uuid4().hex[:8]}"
         store.create_repository(repo)
         from perago.conductor.registry import discover, register
@@ -357,7 +361,7 @@ def check(image: Image, stack_env: Mapping[str, str], *, say: bool = True) -> li
             worker.send_signal(signal.SIGTERM)
             code = worker.wait(timeout=60)
             text = log.read_text()
-            drained = "draining" in text and "worker_stopped" in text
+            drained = '"shutdown_requested"' in text and '"worker_stopped"' in text
             if code != 0 or not drained:
                 raise StackError(
                     f"the worker did not drain cleanly on SIGTERM (exit {code}); see {log}"
