@@ -82,6 +82,7 @@ TEST_WORKERS ?= 4
 ## the stack or its servers, or run a worker whose start-up janitor sweeps every repository).
 test: install lint typecheck
 	@run=$$($(BIN)/python -c 'import uuid; print(uuid.uuid4().hex)'); status=0; \
+	export PERAGO_STACK_PROFILE=embedded; \
 	PERAGO_TEST_RUN=$$run PERAGO_TEST_KEEP_STACK=1 $(BIN)/pytest -q -ra --durations=25 \
 		-n $(TEST_WORKERS) --dist loadgroup -m "not serial and not exhaustive" tests || status=$$?; \
 	PERAGO_TEST_RUN=$$run $(BIN)/pytest -q -ra --durations=10 -m "serial and not exhaustive" tests || status=$$?; \
