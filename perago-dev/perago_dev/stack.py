@@ -45,6 +45,7 @@ __all__ = [
     "parse_port",
     "render_lakefs_config",
     "resolve_ports",
+    "resolve_profile",
     "restart",
     "status",
     "up",

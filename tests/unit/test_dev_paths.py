@@ -183,6 +183,16 @@ def test_services_cannot_share_a_port(tmp_path: Path) -> None:
         stack.resolve_ports(_paths(tmp_path), env)
 
 
+def test_a_running_profile_is_never_switched_under_it(tmp_path: Path) -> None:
+    p = _paths(tmp_path)
+    p.run.mkdir(parents=True, exist_ok=True)
+    p.profile_file.write_text("production\n")
+    with pytest.raises(StackError, match=r"the production stack is running; run `perago dev down`"):
+        stack._check_profile(p, "embedded", {"lakefs": 1})
+    stack._check_profile(p, "production", {"lakefs": 1})  # the same profile: reused
+    stack._check_profile(p, "embedded", {})  # nothing runs: any profile may start
+
+
 def test_a_profile_is_named_or_refused(tmp_path: Path) -> None:
     assert stack.resolve_profile(None, {}) == "embedded"
     assert stack.resolve_profile(None, {"PERAGO_STACK_PROFILE": "production"}) == "production"
