@@ -167,16 +167,13 @@ def lakefs_database(postgres_port: int) -> str:
     return f'{{ type: postgres, postgres: {{ connection_string: "{conn}" }} }}'
 
 
-def lakefs_blockstore(
-    *, s3_port: int, s3_key: str, s3_secret: str, presign_expiry: str | None = None
-) -> str:
+def lakefs_blockstore(*, s3_port: int, s3_key: str, s3_secret: str) -> str:
     """lakeFS's ``blockstore`` section: its objects in the S3 server's bucket, pre-signed URLs
-    on (lakeFS's default), living ``presign_expiry`` (a Go duration; lakeFS's default 15m)."""
-    expiry = f"pre_signed_expiry: {presign_expiry}, " if presign_expiry else ""
+    on (lakeFS's default, living 15 minutes)."""
     return (
         f'{{ type: s3, default_namespace_prefix: "s3://{BUCKET}/", s3: {{ '
         f'endpoint: "http://{HOST}:{s3_port}", force_path_style: true, region: {REGION}, '
-        f"discover_bucket_region: false, {expiry}"
+        "discover_bucket_region: false, "
         f'credentials: {{ access_key_id: "{s3_key}", secret_access_key: "{s3_secret}" }} }} }}'
     )
 

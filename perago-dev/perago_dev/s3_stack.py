@@ -100,11 +100,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def s3_stack(work: Path, *, presign_expiry: str = "15m") -> Iterator[S3Stack]:
+def s3_stack(work: Path) -> Iterator[S3Stack]:
     """versitygw and a lakeFS on it, with state under ``work``; stopped on exit.
 
-    ``presign_expiry``: how long lakeFS's pre-signed URLs live (a Go duration). Needs the
-    lakeFS binary of ``perago dev build``; builds versitygw if missing.
+    Needs the lakeFS binary of ``perago dev build``; builds versitygw if missing.
     """
     lakefs = stack_paths().bin / "lakefs"
     if not lakefs.exists():
@@ -132,7 +131,7 @@ def s3_stack(work: Path, *, presign_expiry: str = "15m") -> Iterator[S3Stack]:
         production.ensure_bucket(s3_port, s3_key, s3_secret)
         creds = Credentials("AKIA" + _key(16), _key(40), _key(48))
         blockstore = production.lakefs_blockstore(
-            s3_port=s3_port, s3_key=s3_key, s3_secret=s3_secret, presign_expiry=presign_expiry
+            s3_port=s3_port, s3_key=s3_key, s3_secret=s3_secret
         )
         config = work / "lakefs.yaml"
         config.write_text(

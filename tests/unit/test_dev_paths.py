@@ -278,7 +278,7 @@ def test_production_lakefs_config_is_postgres_and_s3_with_presigning(tmp_path: P
         credentials=creds,
         database=production.lakefs_database(18432),
         blockstore=production.lakefs_blockstore(
-            s3_port=18900, s3_key="AKIAS3", s3_secret="s3secret", presign_expiry="2s"
+            s3_port=18900, s3_key="AKIAS3", s3_secret="s3secret"
         ),
     )
     config = yaml.safe_load(text)
@@ -293,7 +293,6 @@ def test_production_lakefs_config_is_postgres_and_s3_with_presigning(tmp_path: P
     assert blockstore["default_namespace_prefix"] == "s3://perago-data/"
     assert blockstore["s3"]["endpoint"] == "http://127.0.0.1:18900"
     assert blockstore["s3"]["force_path_style"] is True
-    assert blockstore["s3"]["pre_signed_expiry"] == "2s"
     assert blockstore["s3"]["credentials"] == {
         "access_key_id": "AKIAS3",
         "secret_access_key": "s3secret",
