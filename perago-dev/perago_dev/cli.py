@@ -165,8 +165,7 @@ def image_cmd(
         ),
     ] = True,
 ) -> None:
-    """Build the worker image from Debian's packages and PyPI's wheels (no registry), as
-    root; write it as an OCI archive; check it in a chroot of its root filesystem."""
+    """Build the worker image without a registry, as root (an OCI archive); check it."""
     from perago_dev import image, stack
 
     built = _run(lambda: image.build(progress=True))
