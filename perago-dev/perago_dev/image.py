@@ -40,6 +40,7 @@ from pathlib import Path
 from perago.errors import StackError
 from perago_dev.build import step
 from perago_dev.paths import StackPaths, find_project_root, stack_paths
+from perago_dev.s3_stack import free_port
 
 __all__ = ["IMAGE_ENV", "UID", "Image", "build", "check"]
 
@@ -323,7 +324,7 @@ def check(image: Image, stack_env: Mapping[str, str], *, say: bool = True) -> li
         sys.path.insert(0, str(root))
         register(conductor, discover(["workers.smoke.tasks"]))
         conductor.put_workflow_defs([json.loads((root / "workflows" / "smoke.json").read_text())])
-        port = _free_port()
+        port = free_port()
         log = image.rootfs.parent / "check-worker.log"
         with log.open("w") as out:
             worker = subprocess.Popen(
@@ -373,11 +374,3 @@ def check(image: Image, stack_env: Mapping[str, str], *, say: bool = True) -> li
                 worker.wait()
             store.delete_repository(repo)
     return done
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -33,7 +33,7 @@ from perago_dev.build import build_versitygw
 from perago_dev.paths import stack_paths
 from perago_dev.stack import HOST, Credentials, render_lakefs_config
 
-__all__ = ["BUCKET", "S3Stack", "s3_stack"]
+__all__ = ["BUCKET", "S3Stack", "free_port", "s3_stack"]
 
 BUCKET = production.BUCKET
 _START_TIMEOUT = 60.0
@@ -61,7 +61,8 @@ class S3Stack:
         }
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
     with socket.socket() as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
@@ -113,7 +114,7 @@ def s3_stack(work: Path) -> Iterator[S3Stack]:
     for old in ("lakefs", "s3"):
         shutil.rmtree(work / old, ignore_errors=True)
     (work / "s3").mkdir(parents=True)
-    s3_port, lakefs_port = _free_port(), _free_port()
+    s3_port, lakefs_port = free_port(), free_port()
     s3 = f"http://{HOST}:{s3_port}"
     s3_key, s3_secret = "AKIA" + _key(16), _key(40)
     clean = {
