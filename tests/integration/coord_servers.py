@@ -84,14 +84,21 @@ def _serve(
 
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``moto_server`` (S3 with conditional writes, among others) on a free port."""
-    exe = Path(sys.executable).parent / "moto_server"
-    if not exe.exists():
-        unavailable("moto_server is missing: pip install 'moto[server]>=5'")
+    """moto's S3 server (conditional writes, among others) on a free port, one request at a
+    time so that a conditional write is atomic as on S3 (see ``moto_serial``)."""
+    try:
+        import moto.moto_server.werkzeug_app  # noqa: F401
+    except ImportError:
+        unavailable("moto's server is missing: pip install 'moto[server]>=5'")
     port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
+    root = Path(__file__).resolve().parents[2]
     yield from _serve(
-        [str(exe), "-H", "127.0.0.1", "-p", str(port)], f"http://127.0.0.1:{port}", log, 30
+        [sys.executable, "-m", "tests.integration.moto_serial", "127.0.0.1", str(port)],
+        f"http://127.0.0.1:{port}",
+        log,
+        30,
+        cwd=root,
     )
 
 
