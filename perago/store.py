@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Protocol, runtime_checkable
 
 __all__ = [
     "Commit",
     "DownloadJob",
+    "FileSink",
     "ObjectInfo",
     "Sink",
     "UploadJob",
@@ -48,6 +49,16 @@ class Sink(Protocol):
     def write(self, b: bytes, /) -> int: ...
     def seek(self, pos: int, /) -> int: ...
     def truncate(self) -> int: ...
+
+
+@runtime_checkable
+class FileSink(Sink, Protocol):
+    """A sink over a file of its own, which can take an object kept in a local file by a
+    kernel copy (a reflink where the filesystem has them) instead of through Python."""
+
+    def copy_from(self, src_fd: int, size: int, /) -> int:
+        """Copy ``size`` bytes of ``src_fd`` in; returns the sink's size after."""
+        ...
 
 
 class DownloadJob(Protocol):
@@ -123,9 +134,7 @@ class VersionStore(Protocol):
         """Every job's object, ``parallelism`` at a time; the first lasting failure raises."""
         ...
 
-    def upload(
-        self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
-    ) -> ObjectInfo: ...
+    def upload(self, repository: str, branch: str, path: str, source: Path) -> ObjectInfo: ...
     def upload_many(
         self, repository: str, branch: str, jobs: Iterable[UploadJob], *, parallelism: int
     ) -> None:

@@ -302,11 +302,9 @@ class MemoryStore:
         for job in jobs:  # one at a time, through upload (which test doubles count)
             job.done(self.upload(repository, branch, job.path, job.source))
 
-    def upload(
-        self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
-    ) -> ObjectInfo:
+    def upload(self, repository: str, branch: str, path: str, source: Path) -> ObjectInfo:
         data = source.read_bytes()
-        self.upload_bytes(repository, branch, path, data, if_absent=if_absent)
+        self.upload_bytes(repository, branch, path, data)
         digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
         return ObjectInfo(path, len(data), digest, physical_address=f"mem://{digest}")
 

@@ -26,9 +26,9 @@ from conductor.client.configuration.settings.authentication_settings import (
 from conductor.client.http.api_client import ApiClient
 from conductor.client.http.rest import ApiException, AuthorizationException
 from pydantic import SecretStr
-from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from perago import metrics
+from perago.adapters.retry_policy import retrying
 from perago.errors import ConfigError, OrchestratorError
 from perago.lineage import ParentStep
 from perago.orchestrator import Outcome, TaskSnapshot, WorkflowStep
@@ -59,12 +59,7 @@ def _is_transient(e: BaseException) -> bool:
 
 
 #: A Conductor restart takes tens of seconds; idempotent calls ride it out, then re-read state.
-_retry = retry(
-    retry=retry_if_exception(_is_transient),
-    stop=stop_after_delay(120),
-    wait=wait_exponential(multiplier=0.25, max=5),
-    reraise=True,
-)
+_retry = retrying(_is_transient, retry_for=120)
 
 
 #: Task states after which a task never changes again.

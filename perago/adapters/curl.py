@@ -1,65 +1,84 @@
-"""Many small requests at once on libcurl's multi interface, driven from the calling thread.
+"""Every object byte and lakeFS listing this process moves over HTTP, on libcurl's multi
+interface, driven from the calling thread.
 
 Materializing thousands of small objects is one request each; with a Python thread per
-transfer, ``http.client`` and the GIL cost about 0.35 ms of client CPU per object on issue
-15's 2-core machine, more than lakeFS spends answering. libcurl parses and moves the bytes
-in C and keeps its connections alive, so only a short callback per object runs in Python
-(about 0.07 ms: 5,000 x 1 KiB in 0.6 s instead of 1.9 s).
+transfer, ``http.client`` and the GIL cost about 0.35 ms of client CPU per object on a
+2-core machine, more than lakeFS spends answering. libcurl parses and moves the bytes in C
+and keeps its connections alive, so only a short callback per object runs in Python (about
+0.07 ms: 5,000 x 1 KiB in 0.6 s instead of 1.9 s). Large bodies stream through the same
+callbacks in 512 KiB blocks.
 
-The engine knows HTTP, not lakeFS: each :class:`Transfer` says where to get its bytes, where
-they go, and what a finished response means. A transfer that fails transiently (no answer,
-connection reset, HTTP 429/502/503/504) starts again from byte 0 after an exponential wait,
-for up to a minute, as the store's other idempotent calls do. The loop wakes every quarter
-second, so the drain's exception reaches it promptly; whatever ends the loop closes every
-transfer still open.
+The engine knows HTTP, not lakeFS: each :class:`Transfer` says what to send, where its
+answer goes, and what a finished response means, and may go on to another request (a
+fallback, or the next step of a pre-signed upload). A transfer that fails transiently (no
+answer, connection reset, HTTP 429/502/503/504) starts again after a wait set by the
+adapters' one retry policy (:mod:`perago.adapters.retry_policy`); one that may have landed
+and must not land twice (``idempotent = False``) is never sent again and gets a fresh
+connection (libcurl resends a request whose reused connection died unanswered). The loop
+wakes every quarter second, so the drain's exception reaches it promptly; whatever ends the
+loop closes every transfer still open.
 """
 
 from __future__ import annotations
 
 import heapq
+import io
 import os
 import ssl
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import BinaryIO
+from urllib.parse import urlsplit
 
 import pycurl
 
-from perago.errors import TransientStoreError
+from perago.adapters.retry_policy import RETRY_FOR_S, Backoff
+from perago.errors import StoreError, TransientStoreError
 
-__all__ = ["CurlPool", "Transfer", "get_all"]
+__all__ = ["CurlPool", "Reply", "Transfer"]
 
 _TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 #: libcurl errors no retry mends: bad URL or scheme, a certificate not trusted or unreadable.
 _LASTING = frozenset({1, 3, 58, 60, 77})
 _TLS_HINT = "; trust the server's CA with SSL_CERT_FILE (a PEM bundle)"
 _TLS_ERRORS = frozenset({58, 60, 77})
-_RETRY_FOR_S = 60.0
 _ERROR_BODY = 300  # bytes of an error response kept for the message
+#: Bytes per read or write callback of a large body (libcurl's default is 16 KiB).
+_BLOCK = 512 * 1024
 
 
 class Transfer(ABC):
-    """One request (a GET, or a POST of ``body``): where, where its answer goes, and what
-    its end means."""
+    """One request at a time: what to send, where its answer goes, and what its end means."""
 
-    #: The URL and request headers of the next try (a transfer may change them, see ``ended``).
+    #: The next try's request (a transfer may change it, see ``ended`` and ``again``).
+    method: str = "GET"
     url: str = ""
     headers: tuple[str, ...] = ()
-    #: The request body of a POST, read by ``begin`` (None: a GET).
-    body: bytes | None = None
+    #: The body of a POST or PUT: bytes, or a file sent whole from its start.
+    body: bytes | BinaryIO | None = None
+    body_size: int = 0
+    #: Whether ``ended`` needs the response's headers (a Python call per header line).
+    wants_headers: bool = False
+    #: False: a request that may have landed is never sent a second time.
+    idempotent: bool = True
 
     @abstractmethod
     def begin(self) -> Callable[[bytes], object]:
-        """Start (or start over at byte 0): the function that takes the response's bytes."""
+        """Start (or start over): the function that takes the response's bytes."""
 
     @abstractmethod
-    def ended(self, status: int, head: bytes) -> bool:
-        """The response ended with ``status`` (``head``: the first bytes of its body).
+    def ended(self, status: int, head: bytes, headers: Mapping[str, str]) -> bool:
+        """The response ended with ``status`` (``head``: the first bytes of its body;
+        ``headers``, lower-case names, if ``wants_headers``).
 
-        True: done. False: try again at once (``url`` and ``headers`` were changed, a
-        fallback). Raising ends the whole batch, except :class:`TransientStoreError`.
+        True: done. False: send the next request at once (the transfer changed it). Raising
+        ends the whole batch, except :class:`TransientStoreError`.
         """
+
+    def again(self) -> None:  # noqa: B027 - a hook most transfers need not fill
+        """A transient failure: the next try (after a wait) sends what this leaves set."""
 
     @abstractmethod
     def failed(self, why: str) -> Exception:
@@ -67,7 +86,52 @@ class Transfer(ABC):
 
     @abstractmethod
     def close(self, ok: bool) -> None:
-        """Release what ``begin`` opened; ``ok`` once the bytes are complete."""
+        """Release what ``begin`` opened; ``ok`` once the transfer is complete."""
+
+
+class Reply:
+    """A buffered response of :meth:`CurlPool.request`."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], data: bytes) -> None:
+        self.status, self.headers, self.data = status, headers, data
+
+
+class _Request(Transfer):
+    """One request whose whole answer is kept (listings, links, small writes)."""
+
+    def __init__(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        what: str,
+        idempotent: bool,
+    ) -> None:
+        self.method, self.url, self.body, self.idempotent = method, url, body, idempotent
+        self.headers = (*(f"{k}: {v}" for k, v in headers.items()), "Expect:")
+        self.wants_headers = True
+        self._what = what
+        self._data = bytearray()
+        self.reply: Reply | None = None
+
+    def begin(self) -> Callable[[bytes], object]:
+        self._data = bytearray()
+        return self._data.extend
+
+    def ended(self, status: int, head: bytes, headers: Mapping[str, str]) -> bool:
+        self.reply = Reply(status, dict(headers), bytes(self._data))
+        return True
+
+    def failed(self, why: str) -> Exception:
+        landed = "" if self.idempotent else "; whether it landed is unknown: read it back"
+        return StoreError(
+            f"{self._what} failed: no answer from {urlsplit(self.url).netloc} ({why}){landed}; "
+            "is the server running and reachable?"
+        )
+
+    def close(self, ok: bool) -> None:
+        pass
 
 
 class _Slot:
@@ -76,10 +140,10 @@ class _Slot:
     def __init__(self, handle: pycurl.Curl) -> None:
         self.handle = handle
         self.transfer: Transfer | None = None
-        self.first_try = 0.0
-        self.tries = 0
+        self.backoff: Backoff | None = None
         self.sink: Callable[[bytes], object] = _discard
         self.head = bytearray()
+        self.headers: dict[str, str] = {}
 
     def write(self, data: bytes) -> None:
         # The status is not known here (libcurl answers getinfo only after the transfer):
@@ -88,6 +152,13 @@ class _Slot:
         if len(self.head) < _ERROR_BODY:
             self.head += data[: _ERROR_BODY - len(self.head)]
         self.sink(data)
+
+    def header(self, line: bytes) -> None:
+        name, sep, value = line.decode("latin-1").partition(":")
+        if sep:
+            self.headers[name.strip().lower()] = value.strip()
+        elif name.startswith("HTTP/"):  # a new response (after a 100 Continue): its own
+            self.headers = {}
 
 
 def _discard(_: bytes) -> None:
@@ -114,12 +185,24 @@ def _new_handle(connect_timeout: float, read_timeout: float) -> pycurl.Curl:
     h.setopt(pycurl.LOW_SPEED_LIMIT, 1)
     h.setopt(pycurl.LOW_SPEED_TIME, max(1, round(read_timeout)))
     h.setopt(pycurl.FOLLOWLOCATION, 0)
+    h.setopt(pycurl.BUFFERSIZE, _BLOCK)
+    h.setopt(pycurl.UPLOAD_BUFFERSIZE, _BLOCK)
     _tls_options(h)
     return h
 
 
+def _reader(t: Transfer) -> tuple[Callable[[int], bytes], int]:
+    """What libcurl reads a request body with, from its start, and the body's size."""
+    body = t.body
+    if isinstance(body, bytes):
+        return io.BytesIO(body).read, len(body)
+    assert body is not None
+    body.seek(0)
+    return body.read, t.body_size
+
+
 #: Sets of handles (one per batch that ran at once) a pool keeps between batches: each
-#: holds up to a batch's concurrency of open connections to the object store.
+#: holds up to a batch's concurrency of open connections.
 IDLE_SETS = 2
 
 
@@ -132,8 +215,8 @@ class CurlPool:
         self._idle: list[tuple[pycurl.CurlMulti, list[pycurl.Curl]]] = []
         self._lock = threading.Lock()
 
-    def get_all(
-        self, transfers: Iterable[Transfer], *, concurrency: int, retry_for: float = _RETRY_FOR_S
+    def run(
+        self, transfers: Iterable[Transfer], *, concurrency: int, retry_for: float = RETRY_FOR_S
     ) -> None:
         """Run every transfer, ``concurrency`` at a time; the first lasting failure raises.
 
@@ -154,6 +237,23 @@ class CurlPool:
                     h.close()
                 multi.close()
 
+    def request(
+        self,
+        method: str,
+        url: str,
+        what: str,
+        *,
+        headers: Mapping[str, str],
+        body: bytes | None = None,
+        idempotent: bool = True,
+    ) -> Reply:
+        """One request, its whole answer buffered; no answer at all raises a StoreError
+        (after the retry policy's tries, if ``idempotent``)."""
+        call = _Request(method, url, headers, body, what, idempotent)
+        self.run([call], concurrency=1)
+        assert call.reply is not None
+        return call.reply
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
@@ -161,22 +261,6 @@ class CurlPool:
             for h in handles:
                 h.close()
             multi.close()
-
-
-def get_all(
-    transfers: Iterable[Transfer],
-    *,
-    concurrency: int,
-    connect_timeout: float = 10.0,
-    read_timeout: float = 60.0,
-    retry_for: float = _RETRY_FOR_S,
-) -> None:
-    """One batch on handles of its own (:meth:`CurlPool.get_all`)."""
-    pool = CurlPool(connect_timeout=connect_timeout, read_timeout=read_timeout)
-    try:
-        pool.get_all(transfers, concurrency=concurrency, retry_for=retry_for)
-    finally:
-        pool.close()
 
 
 def _run(
@@ -188,7 +272,7 @@ def _run(
     retry_for: float,
 ) -> None:
     pending: Iterator[Transfer] = iter(transfers)
-    waiting: list[tuple[float, int, Transfer, float, int]] = []  # (due, seq, t, first, tries)
+    waiting: list[tuple[float, int, Transfer, Backoff]] = []  # (due, seq, transfer, backoff)
     slots: list[_Slot] = []
     free: list[_Slot] = []
     busy: dict[int, _Slot] = {}
@@ -205,9 +289,10 @@ def _run(
         slots.append(_Slot(handles[len(slots)]))
         return slots[-1]
 
-    def start(slot: _Slot, t: Transfer, first: float, tries: int) -> None:
-        slot.transfer, slot.first_try, slot.tries = t, first, tries
+    def start(slot: _Slot, t: Transfer, backoff: Backoff | None) -> None:
+        slot.transfer, slot.backoff = t, backoff
         slot.head = bytearray()
+        slot.headers = {}
         slot.sink = t.begin()
         h = slot.handle
         h.setopt(pycurl.URL, t.url)
@@ -215,8 +300,19 @@ def _run(
         if t.body is None:
             h.setopt(pycurl.HTTPGET, 1)
         else:
-            h.setopt(pycurl.POSTFIELDSIZE, len(t.body))
-            h.setopt(pycurl.POSTFIELDS, t.body)
+            read, size = _reader(t)
+            if t.method == "PUT":
+                h.setopt(pycurl.UPLOAD, 1)
+                h.setopt(pycurl.INFILESIZE_LARGE, size)
+            else:
+                h.setopt(pycurl.POST, 1)
+                h.setopt(pycurl.POSTFIELDSIZE_LARGE, size)
+            h.setopt(pycurl.READFUNCTION, read)
+        h.setopt(pycurl.FRESH_CONNECT, 0 if t.idempotent else 1)
+        if t.wants_headers:
+            h.setopt(pycurl.HEADERFUNCTION, slot.header)
+        else:
+            h.unsetopt(pycurl.HEADERFUNCTION)
         h.setopt(pycurl.WRITEFUNCTION, slot.write)
         multi.add_handle(h)
         busy[id(h)] = slot
@@ -224,7 +320,7 @@ def _run(
     def finish(slot: _Slot, curl_error: str | None, code: int = 0) -> None:
         multi.remove_handle(slot.handle)
         del busy[id(slot.handle)]
-        t, first, tries = slot.transfer, slot.first_try, slot.tries
+        t, backoff = slot.transfer, slot.backoff
         assert t is not None
         slot.transfer = None
         free.append(slot)
@@ -237,37 +333,39 @@ def _run(
                 raise TransientStoreError(curl_error)
             if status in _TRANSIENT_STATUS:
                 raise TransientStoreError(f"HTTP {status}: {bytes(slot.head)[:200]!r}")
-            done = t.ended(status, bytes(slot.head))
+            done = t.ended(status, bytes(slot.head), slot.headers)
         except TransientStoreError as e:
-            if time.monotonic() - first > retry_for:
+            backoff = backoff or Backoff(retry_for=retry_for)
+            wait = backoff.next_wait(e) if t.idempotent else None
+            if wait is None:
                 t.close(False)
                 raise t.failed(str(e)) from None
+            t.again()
             nonlocal seq
             seq += 1
-            due = time.monotonic() + min(5.0, 0.2 * 2**tries)
-            heapq.heappush(waiting, (due, seq, t, first, tries + 1))
+            heapq.heappush(waiting, (time.monotonic() + wait, seq, t, backoff))
             return
         except BaseException:
             t.close(False)
             raise
         if done:
             t.close(True)
-        else:  # a fallback (another URL): at once
-            start(free.pop(), t, first, tries)
+        else:  # the transfer's next request: at once
+            start(free.pop(), t, backoff)
 
     try:
         exhausted = False
         while True:
             now = time.monotonic()
             while can_start() and waiting and waiting[0][0] <= now:
-                _, _, t, first, tries = heapq.heappop(waiting)
-                start(take(), t, first, tries)
+                _, _, t, backoff = heapq.heappop(waiting)
+                start(take(), t, backoff)
             while can_start() and not exhausted:
                 fresh = next(pending, None)
                 if fresh is None:
                     exhausted = True
                     break
-                start(take(), fresh, time.monotonic(), 0)
+                start(take(), fresh, None)
             if not busy and not waiting and exhausted:
                 return
             while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
@@ -289,5 +387,5 @@ def _run(
             multi.remove_handle(slot.handle)
             if slot.transfer is not None:
                 slot.transfer.close(False)
-        for _, _, t, _, _ in waiting:
+        for _, _, t, _ in waiting:
             t.close(False)

@@ -1,9 +1,9 @@
 """The only module that talks to lakeFS.
 
-Metadata calls go through the generated ``lakefs_sdk``; object bytes and listings go over
-:mod:`perago.adapters.http` (streamed: the generated client buffers whole bodies in memory,
-and costs more CPU per request). Every SDK error is translated into a
-:class:`perago.errors.StoreError` subclass.
+Metadata calls go through the generated ``lakefs_sdk``; object bytes go through
+:mod:`perago.adapters.objects` and listings over the same libcurl engine (the generated
+client buffers whole bodies in memory, and costs more CPU per request). Every error is
+translated into a :class:`perago.errors.StoreError` subclass.
 """
 
 from __future__ import annotations
@@ -12,33 +12,28 @@ import base64
 import contextlib
 import json
 import os
-import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 import lakefs_sdk
 import structlog
 import urllib3
 from lakefs_sdk.exceptions import ApiException
 from pydantic import SecretStr
-from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from perago.adapters.curl import CurlPool, Transfer
-from perago.adapters.http import Response, Transport, TransportError
-from perago.errors import ConfigError, ConflictError, NotFoundError, StoreError, WorkspaceError
-from perago.parallel import run_parallel
-from perago.store import Commit, DownloadJob, ObjectInfo, Sink, UploadJob, download_one
+from perago.adapters.curl import CurlPool
+from perago.adapters.objects import ObjectBytes, error_for, unsigned
+from perago.adapters.retry_policy import retrying
+from perago.errors import ConfigError, NotFoundError, StoreError
+from perago.store import Commit, DownloadJob, ObjectInfo, UploadJob
 
 __all__ = ["LakeFSConnection", "LakeFSStore"]
 
 T = TypeVar("T")
 log = structlog.get_logger("perago.adapters.lakefs")
-_CHUNK = 1024 * 1024
-#: Files up to this size are uploaded from memory (at most this much per transfer thread).
-_SMALL_BODY = 1024 * 1024
 MAX_DELETE_BATCH = 1000
 
 
@@ -49,141 +44,17 @@ def _is_transient(e: BaseException) -> bool:
 
 
 #: Retries for calls that are safe to repeat (reads, deletes, idempotent creates).
-_retry_idempotent = retry(
-    retry=retry_if_exception(_is_transient),
-    stop=stop_after_delay(60),
-    wait=wait_exponential(multiplier=0.2, max=5),
-    reraise=True,
-)
-
-
-def _unsigned(url: str) -> str:
-    """A pre-signed URL without its query (signature, expiry): it names the object's bytes."""
-    return url.split("?", 1)[0]
-
-
-def _unreadable(source: Path, what: str, e: OSError) -> WorkspaceError:
-    return WorkspaceError(
-        f"cannot read {source} to {what} ({e.strerror or e}); the workspace changed after the "
-        "diff (a thread of the task body still writing?) or the disk failed; the attempt fails "
-        "and Conductor retries it"
-    )
+_retry_idempotent = retrying(_is_transient)
 
 
 def _translate(e: ApiException, what: str) -> StoreError:
     body = e.body if isinstance(e.body, str) else str(e.body or "")
-    return _error_for(e.status, str(e.reason or ""), body, f"lakeFS {what}")
+    return error_for(e.status, str(e.reason or ""), body, f"lakeFS {what}")
 
 
-def _error_for(status: int | None, reason: str, body: str, what: str) -> StoreError:
-    message = f"{what} failed with HTTP {status}: {body[:300] or reason}"
-    if status == 404:
-        return NotFoundError(message, status=status)
-    if status in (409, 412):
-        return ConflictError(message, status=status)
-    if status in (401, 403):
-        return StoreError(
-            message + " (check LAKECTL_CREDENTIALS_ACCESS_KEY_ID/SECRET_ACCESS_KEY and the "
-            "user's permissions)",
-            status=status,
-            non_retryable=True,
-        )
-    return StoreError(message, status=status)
-
-
-class _ObjectGet(Transfer):
-    """One object of :meth:`LakeFSStore.download_many` into its job's sink."""
-
-    def __init__(self, store: LakeFSStore, repository: str, ref: str, job: DownloadJob) -> None:
-        self._job = job
-        self._sink: Sink | None = None
-        obj = job.obj
-        self._what = f"download {repository}@{ref}/{obj.path}"
-        self._through_lakefs = (
-            store._url(repository, f"refs/{quote(ref, safe='')}/objects", obj.path),
-            tuple(f"{k}: {v}" for k, v in store._auth.items()),
-        )
-        self._presigned = obj.download_url.startswith(("http://", "https://"))
-        if self._presigned:
-            self.url, self.headers = obj.download_url, ()
-        else:
-            self.url, self.headers = self._through_lakefs
-
-    def begin(self) -> Callable[[bytes], object]:
-        if self._sink is None:
-            self._sink = self._job.open()
-        else:
-            self._sink.seek(0)
-            self._sink.truncate()
-        sink: Sink = self._sink
-        return sink.write
-
-    def ended(self, status: int, head: bytes) -> bool:
-        if status == 200:
-            return True
-        if self._presigned and status in (400, 401, 403):
-            log.info("presigned_url_refused", status=status, path=self._job.obj.path)
-            self._presigned = False
-            self.url, self.headers = self._through_lakefs
-            return False
-        server = "object storage" if self._presigned else "lakeFS"
-        raise _error_for(status, "", head.decode(errors="replace"), f"{server} {self._what}")
-
-    def failed(self, why: str) -> Exception:
-        where = urlsplit(self.url).netloc
-        return StoreError(
-            f"{self._what} failed: no answer from {where} ({why}); is lakeFS (or object "
-            "storage, for a pre-signed URL) running and reachable?"
-        )
-
-    def close(self, ok: bool) -> None:
-        if self._sink is not None:
-            self._job.close(ok)
-
-
-class _ObjectPost(Transfer):
-    """One file of :meth:`LakeFSStore.upload_many` (at most ``_SMALL_BODY`` bytes)."""
-
-    def __init__(self, store: LakeFSStore, repository: str, branch: str, job: UploadJob) -> None:
-        self._job = job
-        self._what = f"upload {repository}/{branch}/{job.path}"
-        self.url = store._url(repository, f"branches/{quote(branch, safe='')}/objects", job.path)
-        auth = tuple(f"{k}: {v}" for k, v in store._auth.items())
-        # no "Expect: 100-continue" round trip before the body
-        self.headers = (*auth, "Content-Type: application/octet-stream", "Expect:")
-        self._answer = bytearray()
-
-    def begin(self) -> Callable[[bytes], object]:
-        if self.body is None:
-            try:  # a local file that cannot be read is no network fault: never retried
-                self.body = self._job.source.read_bytes()
-            except OSError as e:
-                raise _unreadable(self._job.source, self._what, e) from e
-        self._answer = bytearray()
-        return self._answer.extend
-
-    def ended(self, status: int, head: bytes) -> bool:
-        if status >= 300:
-            raise _error_for(status, "", head.decode(errors="replace"), f"lakeFS {self._what}")
-        stats = json.loads(self._answer)
-        self._job.done(
-            ObjectInfo(
-                path=self._job.path,
-                size=int(stats.get("size_bytes") or 0),
-                checksum=str(stats.get("checksum", "")),
-                physical_address=str(stats.get("physical_address", "")),
-            )
-        )
-        return True
-
-    def failed(self, why: str) -> Exception:
-        return StoreError(
-            f"lakeFS {self._what} failed: no answer from {urlsplit(self.url).netloc} ({why}); "
-            "is lakeFS running and reachable?"
-        )
-
-    def close(self, ok: bool) -> None:
-        self.body = None
+def _check(status: int, data: bytes, what: str) -> None:
+    if status >= 300:
+        raise error_for(status, "", data[:300].decode(errors="replace"), what)
 
 
 def _commit(c: Any) -> Commit:
@@ -222,9 +93,6 @@ class LakeFSConnection(Protocol):
 class LakeFSStore:
     """A :class:`perago.store.VersionStore` backed by a lakeFS server."""
 
-    #: How one object of :meth:`download_many` is fetched (a test records its URLs).
-    _object_get: type[_ObjectGet] = _ObjectGet
-
     def __init__(self, settings: LakeFSConnection) -> None:
         settings.require_lakefs_credentials()
         secret = settings.lakefs_secret_access_key.get_secret_value()
@@ -239,13 +107,14 @@ class LakeFSStore:
         self._base = settings.lakefs_api_url
         token = base64.b64encode(f"{settings.lakefs_access_key_id}:{secret}".encode()).decode()
         self._auth = {"Authorization": f"Basic {token}"}
-        self._http = Transport(
-            connect_timeout=10,
-            read_timeout=self._timeout,
-            maxsize=max(16, settings.transfer_parallelism * 2),
-        )
         self._curl = CurlPool(connect_timeout=10, read_timeout=self._timeout)
-        self._uploads_in_flight = settings.upload_parallelism
+        self._objects = ObjectBytes(
+            self._curl,
+            self._base,
+            self._auth,
+            presigned=self.presigned,
+            uploads_in_flight=settings.upload_parallelism,
+        )
         self.repos = lakefs_sdk.RepositoriesApi(self._client)
         self.branches = lakefs_sdk.BranchesApi(self._client)
         self.commits = lakefs_sdk.CommitsApi(self._client)
@@ -259,7 +128,6 @@ class LakeFSStore:
         self._local_root = os.path.realpath(local) + os.sep if local is not None else None
 
     def close(self) -> None:
-        self._http.close()
         self._curl.close()
         self._client.close()
 
@@ -568,7 +436,7 @@ class LakeFSStore:
                 if o.get("path_type") == "object":
                     address = o.get("physical_address") or ""
                     if presign:
-                        address, url = _unsigned(address), address
+                        address, url = unsigned(address), address
                     else:
                         url = self._local_url(address) if direct else ""
                     yield ObjectInfo(
@@ -626,7 +494,6 @@ class LakeFSStore:
         path = os.path.normpath(address[len("local://") :])
         return f"file://{path}" if path.startswith(self._local_root) else ""
 
-    @_retry_idempotent
     def _list_page(
         self, repository: str, ref: str, prefix: str, after: str, presign: bool = False
     ) -> dict[str, Any]:
@@ -637,246 +504,55 @@ class LakeFSStore:
             {"prefix": prefix, "after": after, "amount": 1000, "presign": str(presign).lower()}
         )
         url = f"{self._base}/repositories/{quote(repository, safe='')}/refs/{quote(ref, safe='')}"
-        resp = self._request("GET", f"{url}/objects/ls?{query}", what, timeout=self._timeout)
-        self._check(resp, what)
-        page: dict[str, Any] = json.loads(resp.data)
+        reply = self._curl.request("GET", f"{url}/objects/ls?{query}", what, headers=self._auth)
+        _check(reply.status, reply.data, f"lakeFS {what}")
+        page: dict[str, Any] = json.loads(reply.data)
         return page
 
-    def _url(self, repository: str, tail: str, path: str) -> str:
-        return (
-            f"{self._base}/repositories/{quote(repository, safe='')}/{tail}"
-            f"?path={quote(path, safe='')}"
-        )
-
-    def _check(self, resp: Response, what: str, server: str = "lakeFS") -> None:
-        if resp.status >= 300:
-            body = resp.data[:300].decode(errors="replace") if resp.data else ""
-            raise _error_for(resp.status, str(resp.reason or ""), body, f"{server} {what}")
-
-    @_retry_idempotent
     def download(
         self, repository: str, ref: str, path: str, dest: IO[bytes], *, url: str = ""
     ) -> None:
         """Stream one object into ``dest`` (rewound and truncated first, so retries are safe).
 
-        With ``url`` (an :class:`ObjectInfo`'s pre-signed ``download_url``) the bytes come
-        straight from object storage; a URL it refuses (expired) falls back to lakeFS.
+        With ``url`` (an :class:`ObjectInfo`'s ``download_url``) the bytes come straight
+        from object storage or a local file; one refused or unreadable falls back to lakeFS.
         """
-        dest.seek(0)
-        dest.truncate()
-        what = f"download {repository}@{ref}/{path}"
-        if url.startswith("file://"):
-            try:
-                with open(url[len("file://") :], "rb") as f:
-                    shutil.copyfileobj(f, dest, _CHUNK)
-                return
-            except OSError as e:  # not shared after all, or collected: ask lakeFS
-                log.info("local_blockstore_unreadable", path=path, error=str(e))
-                dest.seek(0)
-                dest.truncate()
-                url = ""
-        if url:
-            resp = self._request(
-                "GET", url, what, headers={}, server="object storage", preload_content=False
-            )
-            try:
-                if resp.status in (400, 401, 403):
-                    log.info("presigned_url_refused", status=resp.status, path=path)
-                else:
-                    self._check(resp, what, "object storage")
-                    shutil.copyfileobj(resp, dest, _CHUNK)
-                    return
-            finally:
-                resp.release_conn()
-            dest.seek(0)
-            dest.truncate()
-        url = self._url(repository, f"refs/{quote(ref, safe='')}/objects", path)
-        resp = self._request("GET", url, what, preload_content=False)
-        try:
-            self._check(resp, what)
-            shutil.copyfileobj(resp, dest, _CHUNK)
-        finally:
-            resp.release_conn()
+        self._objects.download(repository, ref, path, dest, url=url)
 
     def download_many(
         self, repository: str, ref: str, jobs: Iterable[DownloadJob], *, parallelism: int
     ) -> None:
-        """Objects up to 1 MiB over libcurl's multi interface (:mod:`perago.adapters.curl`),
-        larger ones through :meth:`download` on ``parallelism`` threads (one thread writing
-        every byte of 10 x 50 MiB took twice as long); pre-signed URLs where listed (falling
-        back to lakeFS when refused), else lakeFS."""
-        large: list[DownloadJob] = []
+        """Every job's object, ``parallelism`` at a time (:mod:`perago.adapters.objects`)."""
+        self._objects.download_many(repository, ref, jobs, parallelism=parallelism)
 
-        def small() -> Iterator[_ObjectGet]:
-            for job in jobs:
-                if job.obj.size > _SMALL_BODY:
-                    large.append(job)
-                else:
-                    yield self._object_get(self, repository, ref, job)
-
-        self._curl.get_all(small(), concurrency=parallelism)
-        if large:
-            run_parallel(
-                large, lambda job: download_one(self, repository, ref, job), parallelism=parallelism
-            )
+    def upload(self, repository: str, branch: str, path: str, source: Path) -> ObjectInfo:
+        """Stream a local file to ``branch``; returns what lakeFS stored."""
+        return self._objects.upload(repository, branch, path, source)
 
     def upload_many(
         self, repository: str, branch: str, jobs: Iterable[UploadJob], *, parallelism: int
     ) -> None:
-        """Small files over libcurl's multi interface (one POST each, like :meth:`upload`,
-        ``PERAGO_UPLOAD_PARALLELISM`` in flight); larger ones, and every file when transfers
-        are pre-signed, through :meth:`upload` on ``parallelism`` threads (their cost is
-        bytes, not requests)."""
-        small: list[UploadJob] = []
-        threaded: list[UploadJob] = []
-        presigned = self.presigned()
-        for job in jobs:
-            try:
-                size = job.source.stat().st_size
-            except OSError as e:
-                raise _unreadable(job.source, f"upload {repository}/{branch}/{job.path}", e) from e
-            (threaded if presigned or size > _SMALL_BODY else small).append(job)
-        if threaded:
-
-            def put(job: UploadJob) -> None:
-                job.done(self.upload(repository, branch, job.path, job.source))
-
-            run_parallel(threaded, put, parallelism=parallelism)
-        self._curl.get_all(
-            (_ObjectPost(self, repository, branch, job) for job in small),
-            concurrency=self._uploads_in_flight,
-        )
-
-    def _request(
-        self,
-        method: str,
-        url: str,
-        what: str,
-        *,
-        headers: dict[str, str] | None = None,
-        server: str = "lakeFS",
-        **kwargs: Any,
-    ) -> Response:
-        """One HTTP request (lakeFS's auth unless ``headers`` says otherwise); no answer is a
-        StoreError without a status, which the idempotent calls retry."""
-        try:
-            return self._http.request(
-                method, url, headers=self._auth if headers is None else headers, **kwargs
-            )
-        except TransportError as e:
-            where = urlsplit(url).netloc
-            raise StoreError(
-                f"{server} {what} failed: no answer from {where} ({type(e).__name__}: {e}); "
-                f"is {server} running and reachable?"
-            ) from e
-
-    @_retry_idempotent
-    def upload(
-        self, repository: str, branch: str, path: str, source: Path, *, if_absent: bool = False
-    ) -> ObjectInfo:
-        """Stream a local file to ``branch``; returns what lakeFS stored."""
-        what = f"upload {repository}/{branch}/{path}"
-        url = self._url(repository, f"branches/{quote(branch, safe='')}/objects", path)
-        try:
-            # A local file that cannot be read is no network fault: never retried.
-            f = source.open("rb")
-        except OSError as e:
-            raise _unreadable(source, what, e) from e
-        with f:
-            try:
-                size = os.fstat(f.fileno()).st_size
-                # a small file in one read and one send, not a pair per block
-                body: bytes | IO[bytes] = f.read() if size <= _SMALL_BODY else f
-            except OSError as e:
-                raise _unreadable(source, what, e) from e
-            if isinstance(body, bytes):
-                size = len(body)
-            if not if_absent and self.presigned():
-                stored = self._upload_presigned(repository, branch, path, body, size, what)
-                if stored is not None:
-                    return stored
-                if not isinstance(body, bytes):  # refused: the same bytes through lakeFS
-                    body.seek(0)
-            headers = {
-                **self._auth,
-                "Content-Type": "application/octet-stream",
-                "Content-Length": str(size),
-            }
-            if if_absent:
-                headers["If-None-Match"] = "*"
-            resp = self._request("POST", url, what, body=body, headers=headers)
-        self._check(resp, what)
-        stats = json.loads(resp.data)
-        return ObjectInfo(
-            path=path,
-            size=int(stats.get("size_bytes") or 0),
-            checksum=str(stats.get("checksum", "")),
-            physical_address=str(stats.get("physical_address", "")),
-        )
-
-    def _upload_presigned(
-        self, repository: str, branch: str, path: str, f: bytes | IO[bytes], size: int, what: str
-    ) -> ObjectInfo | None:
-        """Ask lakeFS where to put the bytes, PUT them there, then link them to ``path``.
-
-        None if object storage refused the URL (expired, clock skew, a policy): the caller
-        sends the bytes through lakeFS instead, as a refused pre-signed download does."""
-        backing = self._url(repository, f"branches/{quote(branch, safe='')}/staging/backing", path)
-        resp = self._request("GET", backing + "&presign=true", what)
-        self._check(resp, what)
-        location = json.loads(resp.data)
-        try:
-            put = self._request(
-                "PUT",
-                location["presigned_url"],
-                what,
-                headers={"Content-Length": str(size)},
-                server="object storage",
-                body=f,
-            )
-        except StoreError as e:
-            # A server refusing a large body often answers 403 and closes while the body is
-            # still on its way: the client sees a broken connection, not the answer.
-            log.info("presigned_put_failed", path=path, error=str(e))
-            return None
-        if put.status in (400, 401, 403):
-            log.info("presigned_url_refused", status=put.status, path=path, method="PUT")
-            return None
-        self._check(put, what, "object storage")
-        etag = str(put.headers.get("ETag", "")).strip('"')
-        metadata = {"staging": location, "checksum": etag, "size_bytes": size}
-        resp = self._request(
-            "PUT",
-            backing,
-            what,
-            headers={**self._auth, "Content-Type": "application/json"},
-            body=json.dumps(metadata).encode(),
-        )
-        self._check(resp, what)
-        stats = json.loads(resp.data)
-        return ObjectInfo(
-            path=path,
-            size=int(stats.get("size_bytes") or size),
-            checksum=str(stats.get("checksum", "")),
-            physical_address=_unsigned(location["presigned_url"]),
-        )
+        """Every job's file to ``branch``, ``PERAGO_UPLOAD_PARALLELISM`` in flight (each
+        cheap on libcurl's multi interface: the wait is lakeFS's or object storage's)."""
+        self._objects.upload_many(repository, branch, jobs)
 
     def upload_bytes(
         self, repository: str, branch: str, path: str, data: bytes, *, if_absent: bool = False
     ) -> None:
-        what = f"upload {repository}/{branch}/{path}"
-        url = self._url(repository, f"branches/{quote(branch, safe='')}/objects", path)
+        """A small object through lakeFS; ``if_absent``: created only if there is none (a
+        conditional create is sent once: if no answer came, whether it landed is unknown)."""
+        what = f"lakeFS upload {repository}/{branch}/{path}"
+        url = (
+            f"{self._base}/repositories/{quote(repository, safe='')}/branches/"
+            f"{quote(branch, safe='')}/objects?path={quote(path, safe='')}"
+        )
         headers = {**self._auth, "Content-Type": "application/octet-stream"}
         if if_absent:
             headers["If-None-Match"] = "*"
-        try:
-            resp = self._http.request("POST", url, body=data, headers=headers)
-        except TransportError as e:
-            raise StoreError(
-                f"lakeFS {what} failed: no answer from {self._base} ({e}); whether it landed "
-                "is unknown: read the object back before deciding again"
-            ) from e
-        self._check(resp, what)
+        reply = self._curl.request(
+            "POST", url, what, headers=headers, body=data, idempotent=not if_absent
+        )
+        _check(reply.status, reply.data, what)
 
     @_retry_idempotent
     def delete_objects(self, repository: str, branch: str, paths: Sequence[str]) -> None:

@@ -8,13 +8,12 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
 
 from perago.errors import UnsafePathError, WorkspaceError
 from perago.parallel import run_parallel
-from perago.store import ObjectInfo, VersionStore, download_one
-from perago.workspace.cache import ContentCache, clone_file, write_new
+from perago.store import ObjectInfo, VersionStore
+from perago.workspace.cache import ContentCache, clone_file
 from perago.workspace.manifest import Manifest, ManifestEntry, file_md5, filesystem_now
 
 __all__ = ["local_path_for", "materialize", "run_parallel", "upload_all"]
@@ -53,6 +52,19 @@ class _HashingWriter:
     def truncate(self) -> int:
         if self._written:
             os.ftruncate(self._fd, os.lseek(self._fd, 0, os.SEEK_CUR))
+        return self.size
+
+    def copy_from(self, src_fd: int, size: int) -> int:
+        """Take a local file's bytes in the kernel (a reflink, or ``copy_file_range``), or
+        through :meth:`write` when they must be hashed."""
+        if self._hash:
+            while chunk := os.read(src_fd, 1024 * 1024):
+                self.write(chunk)
+            return self.size
+        clone_file(src_fd, self._fd, size)
+        self._written = True
+        self.size = os.fstat(self._fd).st_size
+        os.lseek(self._fd, self.size, os.SEEK_SET)
         return self.size
 
 
@@ -128,15 +140,6 @@ def materialize(
         manifest.add(ManifestEntry(rel, obj.size, checksum, ctime_ns=st.st_ctime_ns, ino=st.st_ino))
         written.append((obj, st))
 
-    def copy_local(item: tuple[ObjectInfo, Path]) -> None:
-        obj, dest = item
-        folder(dest)
-        if _copy_local(obj, dest):
-            record(obj, obj.checksum, os.stat(dest))
-        else:  # gone or unreadable there: through lakeFS
-            job = _FileJob(replace(obj, download_url=""), dest, record, folder)
-            download_one(store, repository, ref, job)
-
     def settle_and_vouch() -> None:
         manifest.settle(root)
         if cache is not None:
@@ -166,40 +169,15 @@ def materialize(
             else:
                 record(obj, obj.checksum if _md5_hex(obj.checksum) else file_md5(dest), st)
                 manifest.cached_bytes += obj.size
-        # lakeFS's own files on this machine (PERAGO_LAKEFS_LOCAL_BLOCKSTORE): kernel copies
-        local: list[tuple[ObjectInfo, Path]] = []
-        remote: list[tuple[ObjectInfo, Path]] = []
-        for o, d in misses:
-            is_local = _md5_hex(o.checksum) and o.download_url.startswith("file://")
-            (local if is_local else remote).append((o, d))
-        if local:
-            run_parallel(local, copy_local, parallelism=parallelism)
-        if remote:
-            jobs = (_FileJob(o, d, record, folder) for o, d in remote)
-            store.download_many(repository, ref, jobs, parallelism=parallelism)
+        # pre-signed, lakeFS's own files on this machine, or through lakeFS: the store decides
+        jobs = (_FileJob(o, d, record, folder) for o, d in misses)
+        store.download_many(repository, ref, jobs, parallelism=parallelism)
     except BaseException:
         with contextlib.suppress(OSError):  # what was borrowed can still go back
             settle_and_vouch()
         raise
     settle_and_vouch()
     return manifest
-
-
-def _copy_local(obj: ObjectInfo, dest: Path) -> bool:
-    """Copy an object lakeFS keeps in a local file (a ``file://`` download URL) into a new
-    ``dest`` in the kernel (a reflink, or ``copy_file_range``); False if that file cannot be
-    read or is not the listed size (``dest`` is then not left behind)."""
-    try:
-        src = os.open(obj.download_url[len("file://") :], os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        return write_new(dest, lambda fd: clone_file(src, fd, obj.size), obj.size) is not None
-    except OSError:
-        dest.unlink(missing_ok=True)
-        return False
-    finally:
-        os.close(src)
 
 
 class _FileJob:

@@ -19,7 +19,8 @@ import pytest
 
 from chaos.proxy import Toxiproxy
 from perago.adapters.conductor import ConductorClient
-from perago.adapters.lakefs import LakeFSStore, _ObjectGet
+from perago.adapters.lakefs import LakeFSStore
+from perago.adapters.objects import ObjectGet
 from perago.config import load
 from perago.store import ObjectInfo
 from perago.workspace import materialize
@@ -199,14 +200,12 @@ def test_materialize_rides_out_a_link_that_resets_then_recovers(
     tries: list[str] = []
     healed = threading.Timer(1.0, tp.remove_toxic, args=("lakefs", "reset"))
 
-    class Counted(_ObjectGet):
+    class Counted(ObjectGet):
         def begin(self) -> Callable[[bytes], object]:
             tries.append(self.url)
             return super().begin()
 
     class ResetAfterListing(LakeFSStore):
-        _object_get = Counted
-
         def list_objects(self, *args: Any, **kwargs: Any) -> Iterator[ObjectInfo]:
             yield from super().list_objects(*args, **kwargs)
             reset = {"timeout": 0}
@@ -223,6 +222,7 @@ def test_materialize_rides_out_a_link_that_resets_then_recovers(
 
     # Bytes through lakeFS (the proxied link) on either profile, not pre-signed from S3.
     faulty = ResetAfterListing(load({**stack_env, **through, "PERAGO_PRESIGN": "off"}))
+    faulty._objects.object_get = Counted
     try:
         materialize(faulty, repo, "main", "d/", tmp_path / "out", parallelism=8)
     finally:

@@ -14,13 +14,14 @@ import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
 
-from perago.adapters.lakefs import LakeFSStore, _ObjectGet
+from perago.adapters.curl import CurlPool, Transfer
+from perago.adapters.lakefs import LakeFSStore
 from perago.config import Settings, load
 from perago.errors import ConfigError, StoreError
 from perago.orchestrator import TaskSnapshot
@@ -40,27 +41,39 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Stack]:
         yield stack
 
 
-class Recording(LakeFSStore):
-    """The real store, recording every HTTP request of its byte transfers (method, host)."""
+class RecordingPool(CurlPool):
+    """The real engine, recording each request it sends (method, URL), after ``spoil``."""
 
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+    def __init__(self, spoil: Callable[[str], str] = lambda url: url) -> None:
+        super().__init__(connect_timeout=10, read_timeout=60)
         self.requests: list[tuple[str, str]] = []
-        request = self._http.request
+        self._spoil = spoil
 
-        def recorded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-            self.requests.append((method, url))
-            return request(method, url, *args, **kwargs)
+    def run(self, transfers: Iterable[Transfer], **kwargs: Any) -> None:
+        def recorded(t: Transfer) -> Transfer:
+            begin = t.begin
 
-        self._http.request = recorded  # type: ignore[method-assign]
-        requests = self.requests
+            def begin_recorded() -> Callable[[bytes], object]:
+                sink = begin()  # a transfer sets its request before the engine reads it
+                t.url = self._spoil(t.url)
+                self.requests.append((t.method, t.url))
+                return sink
 
-        class RecordedGet(_ObjectGet):  # download_many's transfers, over libcurl
-            def begin(self) -> Callable[[bytes], object]:
-                requests.append(("GET", self.url))
-                return super().begin()
+            t.begin = begin_recorded  # type: ignore[method-assign]
+            return t
 
-        self._object_get = RecordedGet
+        super().run((recorded(t) for t in transfers), **kwargs)
+
+
+class Recording(LakeFSStore):
+    """The real store, recording every HTTP request of its byte transfers and listings."""
+
+    def __init__(self, settings: Settings, spoil: Callable[[str], str] = lambda url: url) -> None:
+        super().__init__(settings)
+        pool = RecordingPool(spoil)
+        self._curl.close()
+        self._curl = self._objects._pool = pool
+        self.requests = pool.requests
 
 
 def _identity(task: str) -> tuple[AttemptIdentity, StaticLedger]:
@@ -197,16 +210,13 @@ class Tampering(Recording):
     rotation: the S3 server refuses it (403 SignatureDoesNotMatch)."""
 
     def __init__(self, settings: Settings, s3_endpoint: str) -> None:
-        super().__init__(settings)
         self._s3 = s3_endpoint
+        super().__init__(settings, self._spoil)
 
     def _spoil(self, url: str) -> str:
         if not url.startswith(self._s3):
             return url
         return re.sub(r"X-Amz-Signature=[0-9a-f]+", "X-Amz-Signature=" + "0" * 64, url)
-
-    def _request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        return super()._request(method, self._spoil(url), *args, **kwargs)
 
     def list_objects(self, *args: Any, **kwargs: Any) -> Iterator[ObjectInfo]:
         for obj in super().list_objects(*args, **kwargs):

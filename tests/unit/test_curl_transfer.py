@@ -4,19 +4,20 @@ what lakeFS cannot be made to do on demand (answer 503 twice, hang, vanish)."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import http.server
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from perago.adapters.curl import CurlPool, Transfer, get_all
-from perago.errors import TransientStoreError
+from perago.adapters.curl import CurlPool, Transfer
+from perago.errors import StoreError, TransientStoreError
 from tests.tls import self_signed
 
 
@@ -56,6 +57,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_PUT(self) -> None:
+        data = self.rfile.read(int(self.headers["Content-Length"]))
+        with self.lock:
+            self.hits.append(f"PUT {self.path} {len(data)}")
+            self.ports.append(self.client_address[1])
+            queue = self.script.get(self.path, [])
+            status = queue.pop(0) if queue else 200
+        self.send_response(status)
+        self.send_header("ETag", f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -77,6 +90,15 @@ def server() -> Iterator[str]:
     srv.shutdown()
 
 
+def get_all(transfers: Sequence[Transfer], *, concurrency: int, retry_for: float = 60) -> None:
+    """One batch on handles of its own."""
+    pool = CurlPool()
+    try:
+        pool.run(transfers, concurrency=concurrency, retry_for=retry_for)
+    finally:
+        pool.close()
+
+
 class _Get(Transfer):
     def __init__(self, url: str) -> None:
         self.url = url
@@ -89,7 +111,7 @@ class _Get(Transfer):
         self.data = bytearray()
         return self.data.extend
 
-    def ended(self, status: int, body: bytes) -> bool:
+    def ended(self, status: int, body: bytes, headers: Mapping[str, str]) -> bool:
         if status != 200:
             raise LookupError(f"{status}: {body.decode()}")
         return True
@@ -142,10 +164,10 @@ def test_no_server_is_transient_until_the_retry_time_runs_out() -> None:
 
 def test_a_transfer_raising_transient_error_is_retried(server: str) -> None:
     class Once(_Get):
-        def ended(self, status: int, body: bytes) -> bool:
+        def ended(self, status: int, body: bytes, headers: Mapping[str, str]) -> bool:
             if self.begins == 1:
                 raise TransientStoreError("checksum mismatch, try again")
-            return super().ended(status, body)
+            return super().ended(status, body, headers)
 
     get = Once(f"{server}/o")
     get_all([get], concurrency=1)
@@ -186,7 +208,7 @@ def test_a_pool_keeps_its_connections_alive_between_batches(server: str) -> None
     try:
         for n in range(3):
             get = _Get(f"{server}/batch{n}")
-            pool.get_all([get], concurrency=4)
+            pool.run([get], concurrency=4)
             assert get.closed is True
     finally:
         pool.close()
@@ -195,7 +217,7 @@ def test_a_pool_keeps_its_connections_alive_between_batches(server: str) -> None
 
 def test_a_post_sends_its_body_and_the_handle_then_gets_again(server: str) -> None:
     class Post(_Get):
-        def ended(self, status: int, body: bytes) -> bool:
+        def ended(self, status: int, body: bytes, headers: Mapping[str, str]) -> bool:
             assert status == 201
             return True
 
@@ -205,8 +227,8 @@ def test_a_post_sends_its_body_and_the_handle_then_gets_again(server: str) -> No
     get = _Get(f"{server}/down")
     pool = CurlPool()
     try:
-        pool.get_all([post], concurrency=1)
-        pool.get_all([get], concurrency=1)  # the same handle, a GET again
+        pool.run([post], concurrency=1)
+        pool.run([get], concurrency=1)  # the same handle, a GET again
     finally:
         pool.close()
     assert bytes(post.data) == payload[::-1]
@@ -235,3 +257,71 @@ def test_https_is_verified_against_the_trusted_certificates(
         assert bytes(trusted.data) == b"bytes of /secret" * 50
     finally:
         srv.shutdown()
+
+
+class _Steps(_Get):
+    """PUT a file, then POST what its ETag said, then GET: three requests, one transfer."""
+
+    def __init__(self, base: str, source: Path) -> None:
+        super().__init__(f"{base}/put")
+        self.base, self.method, self.wants_headers = base, "PUT", True
+        self.file = source.open("rb")
+        self.body, self.body_size = self.file, source.stat().st_size
+        self.etags: list[str] = []
+        self.agains = 0
+
+    def ended(self, status: int, body: bytes, headers: Mapping[str, str]) -> bool:
+        if self.method == "PUT":
+            self.etags.append(headers["etag"].strip('"'))
+            self.method, self.url, self.body = "POST", f"{self.base}/post", b"linked"
+            return False
+        if self.method == "POST":
+            assert status == 201 and bytes(self.data) == b"deknil"
+            self.method, self.url, self.body = "GET", f"{self.base}/done", None
+            return False
+        return super().ended(status, body, headers)
+
+    def again(self) -> None:
+        self.agains += 1
+
+    def close(self, ok: bool) -> None:
+        self.file.close()
+        super().close(ok)
+
+
+def test_one_transfer_streams_a_file_put_then_posts_then_gets(server: str, tmp_path: Path) -> None:
+    source = tmp_path / "big.bin"
+    payload = bytes(range(256)) * 12_000  # 3 MB: several 512 KiB blocks from the file
+    source.write_bytes(payload)
+    _Handler.script = {"/put": [503]}  # the first PUT: transient, sent again from byte 0
+    steps = _Steps(server, source)
+    get_all([steps], concurrency=1)
+    assert _Handler.hits == [
+        f"PUT /put {len(payload)}",
+        f"PUT /put {len(payload)}",
+        "POST /post 6 None",
+        "/done",
+    ]
+    assert steps.etags == [hashlib.md5(payload, usedforsecurity=False).hexdigest()]
+    assert steps.agains == 1 and steps.closed is True
+    assert bytes(steps.data) == b"bytes of /done" * 50
+
+
+def test_a_request_that_must_not_land_twice_is_sent_once_on_a_fresh_connection(
+    server: str,
+) -> None:
+    pool = CurlPool()
+    try:
+        reply = pool.request("PUT", f"{server}/warm", "warm up", headers={}, body=b"x")
+        assert reply.status == 200 and reply.headers["etag"]
+        _Handler.script = {"/once": [503]}
+        with pytest.raises(StoreError, match="whether it landed is unknown"):
+            pool.request("PUT", f"{server}/once", "a create", headers={}, body=b"y",
+                         idempotent=False)  # fmt: skip
+        again = pool.request("PUT", f"{server}/again", "a retry", headers={}, body=b"z")
+        assert again.status == 200
+    finally:
+        pool.close()
+    assert _Handler.hits == ["PUT /warm 1", "PUT /once 1", "PUT /again 1"]
+    warm, once, _ = _Handler.ports
+    assert once != warm  # not the kept-alive connection: libcurl would resend on it
