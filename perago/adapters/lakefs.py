@@ -114,6 +114,7 @@ class LakeFSStore:
             self._auth,
             presigned=self.presigned,
             uploads_in_flight=settings.upload_parallelism,
+            read_timeout=self._timeout,
         )
         self.repos = lakefs_sdk.RepositoriesApi(self._client)
         self.branches = lakefs_sdk.BranchesApi(self._client)
@@ -128,6 +129,7 @@ class LakeFSStore:
         self._local_root = os.path.realpath(local) + os.sep if local is not None else None
 
     def close(self) -> None:
+        self._objects.close()
         self._curl.close()
         self._client.close()
 
