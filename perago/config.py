@@ -142,18 +142,18 @@ class Settings(BaseModel):
         default=25,
         ge=1,
         le=128,
-        description="Parallel object transfers between lakeFS and a workspace: downloads "
-        "(driven by libcurl from one thread), and uploads of files over 1 MiB or pre-signed "
-        "(threads). 25, like `lakectl local`.",
+        description="Object downloads in flight into a workspace (from lakeFS, or object "
+        "storage when pre-signed): objects up to 1 MiB driven by libcurl from one thread, "
+        "larger ones one per thread. 25, like `lakectl local`.",
     )
     upload_parallelism: int = Field(
         default=100,
         ge=1,
         le=512,
-        description="Uploads of files up to 1 MiB in flight at once (through lakeFS, driven by "
-        "libcurl from one thread, so many cost little). Each waits mostly on lakeFS, so more "
-        "in flight hide the wait (docs/benchmarks.md). Lower it for a small lakeFS shared by "
-        "many workers.",
+        description="Uploads in flight at once, pre-signed or through lakeFS (driven by libcurl "
+        "from one thread, so many cost little; files over 1 MiB stream from disk). Each waits "
+        "mostly on lakeFS or object storage, so more in flight hide the wait "
+        "(docs/benchmarks.md). Lower it for a small lakeFS shared by many workers.",
     )
     presign: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -370,6 +370,7 @@ def _stream_into(
                 f"{server} {what} failed: no answer from {urlsplit(url).netloc} ({e}); "
                 f"is {server} running and reachable?"
             ) from e
+        whole = False
         try:
             if server == "object storage" and resp.status in _REFUSED:
                 log.info("presigned_url_refused", status=resp.status, path=obj.path)
@@ -382,8 +383,11 @@ def _stream_into(
                     sink.write(chunk)
             except urllib3.exceptions.HTTPError as e:
                 raise StoreError(f"{server} {what} failed midway ({e})") from e
+            whole = True
             return
         finally:
+            if not whole:  # unread bytes: the connection is not reused
+                resp.close()
             resp.release_conn()
 
 
