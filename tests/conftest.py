@@ -125,6 +125,46 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Groups(config, log)
 
 
+#: Below this much free disk the suite is likely to fail for want of it: each Spark executor
+#: of the cluster tests copies the 686 MB S3A jars, and lakeFS, the attempts and the clean
+#: clones of CI runs all write to the same disk.
+LOW_DISK_GIB = 8.0
+
+
+def _free_gib(where: Path) -> float:
+    import shutil
+
+    while not where.exists():
+        where = where.parent
+    return shutil.disk_usage(where).free / 2**30
+
+
+def _disk_note() -> str:
+    import tempfile
+
+    places = {"stack": Path(__file__).resolve().parents[1] / ".stack"}
+    places["tmp"] = Path(tempfile.gettempdir())
+    free = {name: _free_gib(path) for name, path in places.items()}
+    text = ", ".join(f"{name} {gib:.1f} GiB" for name, gib in free.items())
+    if min(free.values()) < LOW_DISK_GIB:
+        return (
+            f"free disk: {text}: LOW (under {LOW_DISK_GIB:.0f} GiB); tests may fail with 'No "
+            "space left on device' (Spark executors, lakeFS): remove old clones and "
+            "`perago dev down --wipe` stale stack data"
+        )
+    return f"free disk: {text}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _disk_note()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """After a failed run, the free disk again: a full disk fails tests in unrelated ways."""
+    if exitstatus != 0 and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(_disk_note())
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop the stack this run started, once every worker process is done."""
     if hasattr(session.config, "workerinput") or os.environ.get("PERAGO_TEST_KEEP_STACK"):
