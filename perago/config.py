@@ -285,6 +285,13 @@ class Settings(BaseModel):
         "it to the stack's `spark-jars`, the worker image to `/opt/perago/spark-jars`. Unset: "
         "`spark_s3a_package` is resolved through Ivy at the first in-place task.",
     )
+    spark_jars_on_executors: bool = Field(
+        default=False,
+        description="The jars of `spark_jars_dir` lie at the same path on every executor's "
+        "host too (one machine, or executors from the worker's image): a cluster's executors "
+        "load them where they lie instead of each copying them (686 MB) into its work folder. "
+        "`perago dev env` sets it, its cluster runs on the same machine.",
+    )
     spark_conf: dict[str, str] = Field(
         default_factory=dict,
         description='Extra Spark settings as a JSON object, e.g. `{"spark.driver.memory": "2g"}`.',

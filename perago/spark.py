@@ -47,7 +47,9 @@ def s3a_conf(settings: Settings, *, connect: bool = False, local: bool = False) 
     run time), else from Maven Central through Ivy on first use. With a ``local`` master the
     executors live in the driver JVM, so the jars go on its class path where they lie;
     ``spark.jars`` would copy their 660 MB into a temporary folder at every session start,
-    left behind whenever the JVM is killed. A cluster master ships them with ``spark.jars``.
+    left behind whenever the JVM is killed. A cluster master ships them with ``spark.jars``
+    (each executor copies them), unless they lie at the same path on the executors' hosts
+    (``PERAGO_SPARK_JARS_ON_EXECUTORS``): then both class paths name them.
     A Spark Connect server must carry the jars itself (``--jars``); the client sets the
     ``fs.s3a.*`` options as session settings, which Spark applies to the Hadoop
     configuration of each read and write.
@@ -66,8 +68,10 @@ def s3a_conf(settings: Settings, *, connect: bool = False, local: bool = False) 
         return hadoop
     conf = {f"spark.hadoop.{k}": v for k, v in hadoop.items()}
     jars = s3a_jars(settings)
-    if jars and local:
+    if jars and (local or settings.spark_jars_on_executors):
         conf["spark.driver.extraClassPath"] = os.pathsep.join(str(j) for j in jars)
+        if not local:  # executors on hosts that have them at the same path
+            conf["spark.executor.extraClassPath"] = conf["spark.driver.extraClassPath"]
     elif jars:
         conf["spark.jars"] = ",".join(str(j) for j in jars)
     else:

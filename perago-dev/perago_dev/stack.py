@@ -103,6 +103,7 @@ class StackInfo:
         jars = self.stack_dir / "spark-jars"
         if any(jars.glob("*.jar")):  # fetched by `perago dev build` when pyspark is installed
             env["PERAGO_SPARK_JARS_DIR"] = str(jars)
+            env["PERAGO_SPARK_JARS_ON_EXECUTORS"] = "true"  # its cluster runs on this machine
         return env
 
 

@@ -54,6 +54,13 @@ def test_s3a_jars_come_from_the_build_not_from_ivy(tmp_path: Path) -> None:
     local = s3a_conf(settings, local=True)
     assert "spark.jars" not in local
     assert local["spark.driver.extraClassPath"].split(":") == conf["spark.jars"].split(",")
+    assert "spark.executor.extraClassPath" not in local  # no executors of their own
+    # Executors on hosts that have the jars at the same path load them there, uncopied.
+    shared = s3a_conf(load(env={"PERAGO_SPARK_JARS_DIR": str(jars),
+                                "PERAGO_SPARK_JARS_ON_EXECUTORS": "true"}))  # fmt: skip
+    assert "spark.jars" not in shared
+    assert shared["spark.executor.extraClassPath"] == local["spark.driver.extraClassPath"]
+    assert shared["spark.driver.extraClassPath"] == local["spark.driver.extraClassPath"]
     assert "spark.jars.packages" in s3a_conf(load(env={}))  # nothing fetched: Ivy, warned
     connect = s3a_conf(settings, connect=True)  # the server carries the jars
     assert "spark.jars" not in connect and connect["fs.s3a.path.style.access"] == "true"
