@@ -202,8 +202,11 @@ def _reader(t: Transfer) -> tuple[Callable[[int], bytes], int]:
 
 
 #: Sets of handles (one per batch that ran at once) a pool keeps between batches: each
-#: holds up to a batch's concurrency of open connections.
+#: holds up to a batch's concurrency of open connections. Single requests (listings, the
+#: coordination store's objects, one download) keep sets of one handle apart, more of them:
+#: many attempts of a worker make them at once, and each would otherwise connect anew.
 IDLE_SETS = 2
+IDLE_SINGLES = 16
 
 
 class CurlPool:
@@ -213,6 +216,7 @@ class CurlPool:
     def __init__(self, *, connect_timeout: float = 10.0, read_timeout: float = 60.0) -> None:
         self._timeouts = (connect_timeout, read_timeout)
         self._idle: list[tuple[pycurl.CurlMulti, list[pycurl.Curl]]] = []
+        self._idle_singles: list[tuple[pycurl.CurlMulti, list[pycurl.Curl]]] = []
         self._lock = threading.Lock()
 
     def run(
@@ -222,16 +226,19 @@ class CurlPool:
 
         A transient failure is tried again until ``retry_for`` seconds after the first try.
         """
+        idle, limit = (
+            (self._idle_singles, IDLE_SINGLES) if concurrency == 1 else (self._idle, IDLE_SETS)
+        )
         with self._lock:
-            multi, handles = self._idle.pop() if self._idle else (pycurl.CurlMulti(), [])
+            multi, handles = idle.pop() if idle else (pycurl.CurlMulti(), [])
         try:
             _run(multi, handles, transfers, concurrency, lambda: _new_handle(*self._timeouts),
                  retry_for)  # fmt: skip
         finally:
             with self._lock:
-                keep = len(self._idle) < IDLE_SETS
+                keep = len(idle) < limit
                 if keep:
-                    self._idle.append((multi, handles))
+                    idle.append((multi, handles))
             if not keep:  # more batches ran at once than usual: their connections go
                 for h in handles:
                     h.close()
@@ -256,7 +263,7 @@ class CurlPool:
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, []
+            idle, self._idle, self._idle_singles = self._idle + self._idle_singles, [], []
         for multi, handles in idle:
             for h in handles:
                 h.close()

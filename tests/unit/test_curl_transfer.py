@@ -325,3 +325,29 @@ def test_a_request_that_must_not_land_twice_is_sent_once_on_a_fresh_connection(
     assert _Handler.hits == ["PUT /warm 1", "PUT /once 1", "PUT /again 1"]
     warm, once, _ = _Handler.ports
     assert once != warm  # not the kept-alive connection: libcurl would resend on it
+
+
+def test_single_requests_from_many_threads_keep_their_connections(server: str) -> None:
+    # Listings and the coordination store's reads: one request each, from many attempts of
+    # a worker at once. Each concurrent caller takes a kept handle or makes one; none of the
+    # eight is closed after its request, so five rounds need no new connection.
+    pool = CurlPool()
+    rounds, callers = 5, 8
+    barrier = threading.Barrier(callers)
+
+    def caller(i: int) -> None:
+        for r in range(rounds):
+            barrier.wait()
+            reply = pool.request("GET", f"{server}/c{i}r{r}", "a read", headers={})
+            assert reply.status == 200 and reply.data == f"bytes of /c{i}r{r}".encode() * 50
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(callers)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        pool.close()
+    assert len(_Handler.hits) == rounds * callers
+    assert len(set(_Handler.ports)) <= callers  # one connection per concurrent caller
