@@ -294,6 +294,21 @@ class ObjectPut(Transfer):
         self._file = self._payload = self.body = None
 
 
+class _Opened:
+    """A job whose sink is open already (its local copy failed): closed once at most."""
+
+    def __init__(self, job: DownloadJob, sink: Sink) -> None:
+        self.obj, self.sink, self._job, self._closed = job.obj, sink, job, False
+
+    def open(self) -> Sink:
+        return self.sink
+
+    def close(self, ok: bool) -> None:
+        if not self._closed:
+            self._closed = True
+            self._job.close(ok)
+
+
 class _IntoStream:
     """A single download's job: its sink is the caller's stream."""
 
@@ -443,7 +458,7 @@ class ObjectBytes:
         local: list[DownloadJob] = []
         for job in jobs:
             (local if job.obj.download_url.startswith("file://") else remote).append(job)
-        unread: list[tuple[DownloadJob, Sink]] = []
+        unread: list[_Opened] = []
 
         def copy(job: DownloadJob) -> None:
             sink = job.open()
@@ -451,33 +466,34 @@ class ObjectBytes:
                 job.close(True)
             else:  # not shared after all, or collected: through lakeFS
                 log.info("local_blockstore_unreadable", path=job.obj.path)
-                unread.append((job, sink))
+                unread.append(_Opened(job, sink))
 
-        if local:
-            try:
-                run_parallel(local, copy, parallelism=parallelism)
-            except BaseException:
-                for job, _ in unread:
-                    job.close(False)
-                raise
         paths = self._paths
-        jobs_sinks = [*unread, *((job, None) for job in remote)]
-        # Large objects one per thread, streamed by urllib3: their cost is moving bytes,
-        # which libcurl's callbacks on one thread do at 0.6x the pace (docs/benchmarks.md).
-        large = [(job, sink) for job, sink in jobs_sinks if job.obj.size > SMALL_BODY]
-        if large:
+        try:
+            if local:
+                run_parallel(local, copy, parallelism=parallelism)
+            pending: list[tuple[DownloadJob, Sink | None]] = [(o, o.sink) for o in unread]
+            pending += [(job, None) for job in remote]
+            # Large objects one per thread, streamed by urllib3: their cost is moving bytes,
+            # which libcurl's callbacks on one thread do at 0.6x the pace (docs/benchmarks.md).
+            large = [(job, sink) for job, sink in pending if job.obj.size > SMALL_BODY]
+            if large:
 
-            def get_one(item: tuple[DownloadJob, Sink | None]) -> None:
-                job, sink = item
-                _stream_get(self._streams, paths, repository, ref, job, sink)
+                def get_one(item: tuple[DownloadJob, Sink | None]) -> None:
+                    job, sink = item
+                    _stream_get(self._streams, paths, repository, ref, job, sink)
 
-            run_parallel(large, get_one, parallelism=parallelism)
-        small = (
-            self.object_get(paths, repository, ref, job, sink)
-            for job, sink in jobs_sinks
-            if job.obj.size <= SMALL_BODY
-        )
-        self._pool.run(small, concurrency=parallelism)
+                run_parallel(large, get_one, parallelism=parallelism)
+            small = (
+                self.object_get(paths, repository, ref, job, sink)
+                for job, sink in pending
+                if job.obj.size <= SMALL_BODY
+            )
+            self._pool.run(small, concurrency=parallelism)
+        except BaseException:
+            for opened in unread:  # those no transfer began (the others closed once already)
+                opened.close(False)
+            raise
 
     def upload(self, repository: str, branch: str, path: str, source: Path) -> ObjectInfo:
         job = _Stored(path, source)

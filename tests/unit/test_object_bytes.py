@@ -9,6 +9,7 @@ import io
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -118,3 +119,19 @@ def test_a_missing_object_fails_at_once_and_closes_its_job(server: str) -> None:
     with pytest.raises(NotFoundError, match=r"lakeFS download repo@main/d/big\.bin failed"):
         _objects(server).download_many("repo", "main", [job], parallelism=2)
     assert job.closed is False and _Handler.hits == ["lakefs Basic key"]
+
+
+@pytest.mark.parametrize("size", [100, len(BODY)], ids=["small", "large"])
+def test_a_local_file_that_is_gone_is_read_through_lakefs(
+    server: str, tmp_path: Path, size: int
+) -> None:
+    gone = ObjectInfo("d/x.bin", size, "", download_url=f"file://{tmp_path}/gone.bin")
+    job = _Job(gone)
+    _Handler.script = {"lakefs": [404]}  # ...where it is missing too
+    with pytest.raises(NotFoundError):
+        _objects(server).download_many("repo", "main", [job], parallelism=2)
+    assert job.closed is False  # once (a second close fails the job's assertion)
+    assert _Handler.hits == ["lakefs Basic key"]
+    served = _Job(gone)
+    _objects(server).download_many("repo", "main", [served], parallelism=2)
+    assert served.closed is True and served.sink.getvalue()[:5] == BODY[:5]
