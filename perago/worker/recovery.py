@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -54,6 +55,11 @@ class AttemptRecord:
         return is_running(self.pid, self.started)
 
 
+#: Attempts of one process add and remove records from many threads; the folder is
+#: created and removed under this lock, so one thread's end never removes it under another.
+_FOLDER_LOCK = threading.Lock()
+
+
 class AttemptRecords:
     """The records under ``<work_dir>/attempts/``, one file per running attempt."""
 
@@ -79,13 +85,14 @@ class AttemptRecords:
         path = self._path(task.task_id, task.poll_count)
         tmp = path.with_suffix(".tmp")
         for tries_left in reversed(range(5)):
-            # Another attempt's end may remove the empty folder at any point here, even
-            # between mkdir's own "exists" check and its "is a directory" check (which
-            # then raises FileExistsError): try again.
+            # An ending attempt removes the empty folder: never one of this process in the
+            # middle (the lock), but another worker sharing the folder may, even between
+            # mkdir's own "exists" and "is a directory" checks (FileExistsError): try again.
             try:
-                self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-                tmp.write_text(json.dumps(asdict(record)))
-                os.replace(tmp, path)
+                with _FOLDER_LOCK:
+                    self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    tmp.write_text(json.dumps(asdict(record)))
+                    os.replace(tmp, path)
                 break
             except (FileNotFoundError, FileExistsError):
                 if not tries_left:
@@ -93,9 +100,10 @@ class AttemptRecords:
         return path
 
     def remove(self, path: Path) -> None:
-        path.unlink(missing_ok=True)
-        with suppress(OSError):  # only when empty: the work directory is left as found
-            self.folder.rmdir()
+        with _FOLDER_LOCK:
+            path.unlink(missing_ok=True)
+            with suppress(OSError):  # only when empty: the work directory is left as found
+                self.folder.rmdir()
 
     @contextmanager
     def running(self, task: TaskSnapshot, *, worker_id: str) -> Iterator[AttemptRecord]:
