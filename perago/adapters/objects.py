@@ -411,7 +411,6 @@ class ObjectBytes:
 
     #: How one object of a download is fetched (a test records its URLs).
     object_get: type[ObjectGet] = ObjectGet
-    object_put: type[ObjectPut] = ObjectPut
 
     def __init__(
         self,
@@ -513,6 +512,6 @@ class ObjectBytes:
         presigned = self._presigned()
         paths = self._paths
         self._pool.run(
-            (self.object_put(paths, repository, branch, job, presigned=presigned) for job in jobs),
+            (ObjectPut(paths, repository, branch, job, presigned=presigned) for job in jobs),
             concurrency=parallelism or self._uploads_in_flight,
         )
