@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "ACTIONS_PREFIX",
     "COORD_BRANCH",
     "COORD_ROOT",
     "HOOK_PATH",
@@ -29,13 +30,15 @@ __all__ = [
 METADATA_PREFIX = "perago."
 
 #: Paths no task may write: Perago's own records and lakeFS's actions (hooks).
-RESERVED_PREFIXES = ("_perago/", "_lakefs_actions/")
+#: Where lakeFS reads a repository's actions (hooks) from.
+ACTIONS_PREFIX = "_lakefs_actions/"
+RESERVED_PREFIXES = ("_perago/", ACTIONS_PREFIX)
 
 #: Where the per-scope publication markers live (inside the reserved ``_perago/``).
 SCOPE_MARKER_ROOT = "_perago/scopes/"
 
 #: The expected-head pre-merge hook `perago repo init` installs.
-HOOK_PATH = "_lakefs_actions/perago-expected-head.yaml"
+HOOK_PATH = ACTIONS_PREFIX + "perago-expected-head.yaml"
 
 #: The default coordination backend's branch (hidden, never committed) and key root.
 COORD_BRANCH = "_perago_coord"

@@ -28,9 +28,18 @@ class FirstParents:
         self._lock = threading.Lock()
         self._commits: OrderedDict[tuple[str, str], Commit] = OrderedDict()
 
-    def chain(self, repository: str, head: Commit, *, stop_at: str, limit: int) -> list[Commit]:
+    def chain(
+        self, repository: str, head: Commit, *, stop_at: str, limit: int, read: bool = True
+    ) -> list[Commit]:
         """``head`` and its first parents, newest first, down to ``stop_at`` (included), the
-        first commit of the branch, or ``limit`` commits, whichever comes first."""
+        first commit of the branch, or ``limit`` commits, whichever comes first.
+
+        A ``head`` read from lakeFS is kept: it is the next fence's first parent (a fan-out
+        sibling's merge moves the head by one commit), found here instead of in a page of
+        lakeFS's log. One the caller made up (``read=False``) is not.
+        """
+        if read:
+            self.remember(repository, head)
         chain, commit = [head], head
         while commit.id != stop_at and commit.parents and len(chain) < limit:
             parent = commit.parents[0]
@@ -49,6 +58,10 @@ class FirstParents:
             chain.append(cached)
             commit = cached
         return chain
+
+    def remember(self, repository: str, commit: Commit) -> None:
+        """Keep a commit read from lakeFS."""
+        self._put(repository, [commit])
 
     def _get(self, repository: str, commit_id: str) -> Commit | None:
         with self._lock:

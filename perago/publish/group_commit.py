@@ -16,8 +16,10 @@ join the group instead of waiting, when:
 Each member keeps its own staged commit, fences, merge, report and output ref; only the
 grant is shared. Members take turns (:meth:`GroupMember.turn`) from the publish fence to
 the merge or reset: a hard reset in lakeFS has no compare-and-swap, so no sibling may merge
-inside one. The grant is released when the last member leaves. A member that fails leaves
-alone. When the process dies, the grant expires as a lone holder's would.
+inside one. A member whose merge the expected-head hook guarded hands the head it made to
+the next member's turn, which then fences on it without reading it again. The grant is
+released when the last member leaves. A member that fails leaves alone. When the process
+dies, the grant expires as a lone holder's would.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.errors import LeaseBusyError
 from perago.publish.identity import AttemptIdentity
 from perago.publish.scope import overlaps
+from perago.store import Commit
 
 __all__ = ["MAX_MEMBERS", "MAX_SECONDS", "GroupMember", "LeaseGroups"]
 
@@ -59,6 +62,8 @@ class _Group:
         self.admitted = 0
         self.turnstile = threading.Lock()
         self.renewing = threading.Lock()
+        #: The head the last member's hook-guarded merge made (read and written in turns).
+        self.head: Commit | None = None
 
     def conflicts(self, me: AttemptIdentity) -> AttemptIdentity | None:
         for other in self.members.values():
@@ -226,6 +231,22 @@ class GroupMember:
             yield
         finally:
             self.end_turn()
+
+    def take_head(self) -> Commit | None:
+        """In a turn: the head the previous member's merge made, if it left one (else read
+        the head from lakeFS). Taken, so a member that does anything but a guarded merge
+        leaves the next one to read it."""
+        head, self.group.head = self.group.head, None
+        return head
+
+    def leave_head(self, head: Commit) -> None:
+        """In a turn, after a merge the expected-head hook guarded: the head it made.
+
+        The hook let the merge land only on the head this member's fence saw, so the merge
+        commit's first parent is that head and nothing landed between; the lease keeps
+        other Perago processes out and the next member's merge is guarded the same way, so
+        a writer that moves the branch meanwhile is refused there (412) as before."""
+        self.group.head = head
 
     def end_turn(self) -> None:
         """End the turn early: the merge is done, what follows it only reads."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import structlog
 
+from perago import lakefs_names as names
 from perago import metrics, steps, tracing
 from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.errors import (
@@ -27,6 +28,7 @@ from perago.errors import (
     WorkspaceError,
 )
 from perago.lakefs_names import replaced_tag, scoped_branch_name
+from perago.publish import expected_head_hook
 from perago.publish.fences import (
     AttemptLedger,
     HeadDecision,
@@ -168,6 +170,8 @@ class Publisher:
         self._leases = leases
         self._groups = None if leases is None else LeaseGroups(leases)
         self._first_parents = FirstParents(store)
+        #: Per (repository, input ref): does the expected-head hook guard merges from it?
+        self._hooked: dict[tuple[str, str], bool] = {}
 
     def publish(
         self,
@@ -184,7 +188,7 @@ class Publisher:
         early = self._acquire_during_upload(me, target, workspace, diff)
         try:
             branch = self._stage(me, target, prefix, workspace, diff)
-            return self._commit_and_confirm(me, target, branch, early=early, **diff.summary())
+            return self._commit_and_confirm(me, target, branch, early=early, counts=diff.summary())
         finally:
             if early is not None:
                 early.drop()
@@ -230,7 +234,12 @@ class Publisher:
                 self._store.delete_objects(repo, branch, removed)
             log.info("wap_changes_staged", source=source, changes=len(changes))
             return self._commit_and_confirm(
-                me, target, branch, changed=len(changes) - len(removed), deleted=len(removed)
+                me,
+                target,
+                branch,
+                # A change to the hook itself: its merge may not be guarded by it.
+                hooked=not any(path.startswith(names.ACTIONS_PREFIX) for _, path in changes),
+                counts={"changed": len(changes) - len(removed), "deleted": len(removed)},
             )
         finally:
             self.cancel(repo, staging_branch_name(me))
@@ -284,17 +293,20 @@ class Publisher:
         target: WorkspaceTarget,
         branch: str,
         early: _BackgroundAcquire | None = None,
-        **counts: int,
+        *,
+        hooked: bool = True,
+        counts: dict[str, int] | None = None,
     ) -> Publication:
         """Under the branch lease: the staged commit, attempt fence 2, publish fence, Confirm."""
         self._upload_markers(me, target, branch)
         with self._branch_lease(me, target, early) as lease:
-            staged = self._commit_staging(me, target, branch, lease, **counts)
+            staged = self._commit_staging(me, target, branch, lease, **(counts or {}))
             steps.reached(Boundary.AFTER_STAGE)
             self._fence(me, 2)
+            handoff = hooked and isinstance(lease, GroupMember) and self._hook_guards(target)
             started = time.monotonic()
             with _turn(lease):
-                published = self._confirm(me, target, staged, lease)
+                published = self._confirm(me, target, staged, lease, handoff=handoff)
             metrics.PUBLISH_SECONDS.labels("publish").observe(
                 time.monotonic() - started, exemplar=tracing.exemplar()
             )
@@ -398,13 +410,25 @@ class Publisher:
         target: WorkspaceTarget,
         staged: StagedReference,
         lease: BranchLease | None,
+        *,
+        handoff: bool = False,
     ) -> str:
+        """The publish fence and Confirm. With ``handoff`` (a group member whose merge the
+        expected-head hook guards) the head the previous member's merge made stands in for
+        reading it, and this member's merge leaves its own for the next."""
         repo = target.repository
-        head, history = self._read_head(target)
+        known = lease.take_head() if isinstance(lease, GroupMember) else None
+        known = known if handoff else None
+        head, history = self._read_head(target, known)
         decision = decide_publication(head, target.input_ref, me, history)
         if decision is not HeadDecision.LANDED:  # landed: checked when it was published
             check_reads(self._store, target, head, history)
-        log.info("publish_fence_passed", decision=decision.value, head=head.id)
+        log.info(
+            "publish_fence_passed",
+            decision=decision.value,
+            head=head.id,
+            **({"handed_over": True} if known is not None else {}),
+        )
         steps.reached(Boundary.AFTER_PUBLISH_FENCE)
         if decision is HeadDecision.LANDED:
             return self._own_commit(head, history, me)
@@ -423,7 +447,7 @@ class Publisher:
             return self._scoped_replace(me, target, staged, lease, head, history)
         for attempt in range(1, MERGE_TRIES + 1):
             try:
-                return self._merge(me, target, staged, lease, head)
+                return self._merge(me, target, staged, lease, head, handoff=handoff)
             except ConflictError as e:
                 moved = e.status == 412 and "perago: destination head" in e.message
                 error = PublishFenceError(
@@ -473,10 +497,13 @@ class Publisher:
         staged: StagedReference,
         lease: BranchLease | None,
         head: Commit,
+        *,
+        handoff: bool = False,
         **extra: str,
     ) -> str:
         """Confirm by merge (first or beside-siblings publication), guarded by the lease."""
         repo = target.repository
+        message = f"perago: publish {me.task_type} ({me.reference_name}) of {me.workflow_id}"
         metadata = me.metadata(
             target.input_ref,
             kind="publication",
@@ -492,11 +519,14 @@ class Publisher:
                 repo,
                 staged.staging_branch,
                 target.branch,
-                message=f"perago: publish {me.task_type} ({me.reference_name}) of {me.workflow_id}",
+                message=message,
                 metadata=metadata,
                 timeout=timeout,
             )
             if isinstance(lease, GroupMember):
+                if handoff:  # the hook made ``head`` its first parent (GroupMember.leave_head)
+                    parents = (head.id, staged.staging_commit)
+                    lease.leave_head(Commit(merged, parents, message, dict(metadata)))
                 lease.end_turn()  # the checks after the merge only read: siblings may go on
             return merged
 
@@ -580,15 +610,31 @@ class Publisher:
         finally:
             self.cancel(repo, scoped)
 
-    def _read_head(self, target: WorkspaceTarget) -> tuple[Commit, list[Commit]]:
-        """The target head and, when it moved past the input ref, its first-parent chain."""
+    def _read_head(
+        self, target: WorkspaceTarget, known: Commit | None = None
+    ) -> tuple[Commit, list[Commit]]:
+        """The target head (``known``: the one a group sibling's guarded merge made) and,
+        when it moved past the input ref, its first-parent chain."""
         repo = target.repository
-        head = self._store.get_commit(repo, target.branch)  # a branch name reads its head
+        # A branch name reads its head.
+        head = known if known is not None else self._store.get_commit(repo, target.branch)
         if head.id == target.input_ref or head.parents[:1] == (target.input_ref,):
             return head, [head]
         return head, self._first_parents.chain(
-            repo, head, stop_at=target.input_ref, limit=HISTORY_LIMIT
+            repo, head, stop_at=target.input_ref, limit=HISTORY_LIMIT, read=known is None
         )
+
+    def _hook_guards(self, target: WorkspaceTarget) -> bool:
+        """Whether the expected-head hook guards merges of staging branches made from the
+        input ref: lakeFS reads the actions of a merge's source, which is the input ref's
+        tree plus the attempt's writes, and those never touch ``_lakefs_actions/`` (a
+        workspace prefix may not be there, an in-place attempt's writes are checked, a
+        write-audit-publish source that changes it says ``hooked=False``). Asked once per
+        input ref and process."""
+        key = (target.repository, target.input_ref)
+        if key not in self._hooked:
+            self._hooked[key] = expected_head_hook.installed(self._store, *key)
+        return self._hooked[key]
 
     @staticmethod
     def _own_commit(head: Commit, history: list[Commit], me: AttemptIdentity) -> str:
@@ -605,7 +651,9 @@ class Publisher:
     ) -> None:
         """Post-publish check: the merge must sit on the head the fence saw, or on disjoint
         Perago publications that landed on it since (a racing fan-out sibling)."""
-        parents = self._store.get_commit(repo, merged).parents[:1]
+        commit = self._store.get_commit(repo, merged)
+        self._first_parents.remember(repo, commit)  # the next fence's first parent
+        parents = commit.parents[:1]
         if parents == (seen_head,):
             return
         problem = "it is not a descendant"

@@ -20,6 +20,7 @@ import pytest
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.failpoints import POINTS
+from perago.publish.expected_head_hook import install
 
 from .harness import (
     attempt_spans,
@@ -145,6 +146,51 @@ def test_fork_join_of_overlapping_writers_one_lands_the_other_fails_closed(
     head = store.get_commit(repo, store.branch_head(repo, "main"))
     assert head.parents[0] == input_ref
     assert head.id == done[winner]["outputData"]["workspace"]["ref"]
+    assert_clean(store, repo, env, {winner})
+
+
+def test_a_foreign_commit_after_a_group_member_handed_the_head_on_is_refused(
+    make_env: Callable[..., dict[str, str]],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Two partitions share one grant (one worker) on a repository with the expected-head
+    hook, so the second fences on the head the first one's merge made, without reading it.
+    A foreign commit lands while the second holds its turn: lakeFS's hook refuses its merge
+    (412) and the step fails closed; the first publication and the foreign commit stay."""
+    assert install(store, repo, "main") is not None
+    env = make_env(PERAGO_TEST_RETRIES="0")
+    name = f"pt_wf_handoff_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        fork("split", [[part_task(unique, "left", "a")], [part_task(unique, "right", "b")]]),
+    )
+    input_ref = store.branch_head(repo, "main")
+    wid = start(conductor, name, repo, ref=input_ref)
+    pausing = {**env, "PERAGO_FAILPOINTS": "after_publish_fence=pause:3"}
+    with worker(pausing, tmp_path / "w.log", concurrency=2) as w:
+        second = w.wait_for("publish_fence_passed", handed_over=True)
+        f = tmp_path / "foreign.txt"
+        f.write_text("someone else")
+        store.upload(repo, "main", "elsewhere/foreign.txt", f)
+        foreign = store.commit(repo, "main", message="foreign writer", metadata={})
+        wf = wait_workflow(conductor, wid)
+        joined = [e for e in w.events() if e.get("event") == "branch_lease_joined"]
+    assert joined, "the partitions did not share a grant: nothing was tested"
+    assert wf["status"] == "FAILED"
+    done = {r: attempts(wf, r)[-1] for r in ("left", "right")}
+    loser = next(r for r, t in done.items() if t["status"] != "COMPLETED")
+    winner = ({"left", "right"} - {loser}).pop()
+    assert loser == second["task_ref"]
+    reason = done[loser]["reasonForIncompletion"]
+    assert "lakeFS rejected the merge" in reason and "412" in reason, reason
+    head = store.get_commit(repo, store.branch_head(repo, "main"))
+    assert head.id == foreign.id  # never replaced, nothing published on top of it
+    assert head.parents[0] == done[winner]["outputData"]["workspace"]["ref"]
     assert_clean(store, repo, env, {winner})
 
 

@@ -9,13 +9,23 @@ from pathlib import Path
 
 import pytest
 
+from perago import steps
 from perago.adapters.conductor import TaskSnapshot
 from perago.coord import MemoryStore as CoordMemory
 from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.coord.lease import LeaseManager
-from perago.errors import AttemptFenceError, LeaseBusyError
+from perago.errors import (
+    AttemptFenceError,
+    ConflictError,
+    LeaseBusyError,
+    PeragoError,
+    PublishFenceError,
+)
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.publish.expected_head_hook import install
 from perago.publish.group_commit import GroupMember, LeaseGroups
+from perago.steps import Boundary
+from perago.store import Commit
 from perago.testing import MemoryStore
 from perago.workspace import Diff
 from tests.unit.test_fanout import LEFT, RIGHT, WIDE, ident, snap
@@ -227,3 +237,147 @@ def test_a_fan_out_publishes_through_few_grants_and_a_failing_member_fails_alone
     assert leases.grants < len(parts)  # the group shared grants
     assert not leases.held("r", "main")
     assert store.list_branches("r", prefix="perago-stg-") == []
+
+
+class HookedStore(MemoryStore):
+    """The in-memory store with the expected-head hook's check on merges (lakeFS runs the
+    real hook in tests/integration), counting the reads of a branch's head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head_reads = 0
+
+    def get_commit(self, repository: str, ref: str) -> Commit:
+        if ref == "main":
+            self.head_reads += 1
+        return super().get_commit(repository, ref)
+
+    def merge(
+        self,
+        repository: str,
+        source: str,
+        destination: str,
+        *,
+        message: str,
+        metadata: dict[str, str],
+        timeout: float | None = None,
+    ) -> str:
+        with self._lock:  # the hook runs inside lakeFS's branch update: one step with it
+            expected = metadata.get("perago.expected_head")
+            head = self.branch_head(repository, destination)
+            if expected and head != expected:
+                raise ConflictError(
+                    f"pre-merge hook: perago: destination head is {head}, expected {expected}",
+                    status=412,
+                )
+            return super().merge(
+                repository, source, destination, message=message, metadata=metadata
+            )
+
+
+def _publish_all(
+    publisher: Publisher, parts: list[AttemptIdentity], base: str, tmp_path: Path
+) -> dict[str, object]:
+    """Publish every part at once from ``base``: its output ref, or the error it raised."""
+    start = threading.Barrier(len(parts))
+    results: dict[str, object] = {}
+
+    def publish(me: AttemptIdentity) -> None:
+        ws = tmp_path / me.reference_name
+        ws.mkdir()
+        (ws / "part.txt").write_text(me.reference_name)
+        start.wait()
+        try:
+            publication = publisher.publish(
+                me,
+                WorkspaceTarget("r", "main", base),
+                me.scope or "",
+                ws,
+                Diff(added=("part.txt",)),
+            )
+        except PeragoError as e:
+            results[me.task_id] = e
+            return
+        results[me.task_id] = publication.ref
+        publication.release(wait=True)
+
+    threads = [threading.Thread(target=publish, args=(p,)) for p in parts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+@pytest.mark.parametrize("hook", [True, False], ids=["hook", "no-hook"])
+def test_members_hand_the_head_on_only_when_the_hook_guards_their_merges(
+    tmp_path: Path, hook: bool
+) -> None:
+    """With the hook in the input ref's tree, a member fences on the head the previous
+    member's merge made instead of reading it (a read per grant, not per publication);
+    without it every member reads the head. Either way each part lands once."""
+    store = HookedStore()
+    store.create_repository("r")
+    if hook:
+        install(store, "r", "main")
+    base = store.branch_head("r", "main")
+    parts = [ident(f"p{i}", f"parts/p={i}/") for i in range(12)]
+    leases = CountingLeases()
+    publisher = Publisher(
+        store, _FlippingLedger([snap(p) for p in parts], ""), worker_id="w", leases=leases
+    )
+    store.head_reads = 0
+    results = _publish_all(publisher, parts, base, tmp_path)
+    assert all(isinstance(r, str) for r in results.values()), results
+    history = store.log("r", "main", amount=20)
+    assert sum(c.metadata.get("perago.kind") == "publication" for c in history) == len(parts)
+    for me in parts:  # each output ref holds its own publication
+        tree = store.tree("r", str(results[me.task_id]))
+        assert tree[f"parts/p={me.reference_name[1:]}/part.txt"] == me.reference_name.encode()
+    assert leases.grants < len(parts)
+    if hook:
+        assert store.head_reads <= leases.grants + 1, store.head_reads
+    else:
+        assert store.head_reads >= len(parts)
+
+
+def test_a_foreign_commit_after_a_handed_over_head_is_refused_by_the_hook(
+    tmp_path: Path,
+) -> None:
+    """The member whose turn comes second fences on the head the first one's merge made;
+    a foreign commit lands right then. Its merge names the handed-over head, the hook
+    refuses (412), the member reads the head again, finds the foreign commit and fails
+    closed, as do the members after it (they read the head: no head was handed on); the
+    first member's publication and the foreign commit stay."""
+    store = HookedStore()
+    store.create_repository("r")
+    install(store, "r", "main")
+    base = store.branch_head("r", "main")
+    parts = [ident(f"p{i}", f"parts/p={i}/") for i in range(4)]
+    publisher = Publisher(
+        store,
+        _FlippingLedger([snap(p) for p in parts], ""),
+        worker_id="w",
+        leases=CountingLeases(),
+    )
+    fences, foreign = [0], []
+
+    def land_foreign(boundary: Boundary) -> None:
+        if boundary is not Boundary.AFTER_PUBLISH_FENCE:
+            return
+        fences[0] += 1
+        if fences[0] == 2:  # the second turn: after the first member's merge
+            store.upload_bytes("r", "main", "elsewhere/foreign.txt", b"someone else")
+            foreign.append(store.commit("r", "main", message="foreign", metadata={}))
+
+    remove = steps.observe(land_foreign)
+    try:
+        results = _publish_all(publisher, parts, base, tmp_path)
+    finally:
+        remove()
+    failed = [r.message for r in results.values() if isinstance(r, PublishFenceError)]
+    assert len(failed) == 3, results  # every member after the foreign commit fails closed
+    assert sum("destination head is" in m for m in failed) == 1, failed  # the handed head
+    history = store.log("r", "main", amount=20)
+    assert foreign[0].id in {c.id for c in history}  # never replaced
+    assert sum(c.metadata.get("perago.kind") == "publication" for c in history) == 1
