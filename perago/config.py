@@ -111,7 +111,8 @@ class Settings(BaseModel):
     work_dir: Path = Field(
         default_factory=lambda: Path(tempfile.gettempdir()) / "perago",
         description="Folder for attempt workspaces (one private subfolder per attempt, removed "
-        "when it ends); needs room for the largest workspace times the concurrency.",
+        "when it ends); needs room for the largest workspace times the concurrency plus "
+        "`PERAGO_PUBLICATIONS_IN_FLIGHT`.",
     )
     worker_id: str = Field(
         default_factory=_default_worker_id,
@@ -121,8 +122,20 @@ class Settings(BaseModel):
         default=2,
         ge=1,
         le=256,
-        description="Attempts one worker process runs at once (`perago worker --concurrency` "
-        "overrides it).",
+        description="Task bodies one worker process runs at once (`perago worker --concurrency` "
+        "overrides it); attempts that are only publishing count against "
+        "`PERAGO_PUBLICATIONS_IN_FLIGHT` instead.",
+    )
+    publications_in_flight: int = Field(
+        default=16,
+        ge=0,
+        le=1024,
+        description="Attempts whose body has finished and that are still publishing "
+        "(uploading, waiting for the branch lease, merging, reporting) beyond "
+        "`PERAGO_CONCURRENCY`: they do not hold a body's place, so a worker polls for the "
+        "next body while fan-out siblings wait for the lease and then publish together. "
+        "0: an attempt holds its place until it has reported. Each keeps its workspace "
+        "until its report.",
     )
     poll_interval: timedelta = Field(
         default=timedelta(milliseconds=200),

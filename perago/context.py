@@ -44,8 +44,12 @@ class AttemptControl:
     """Between a running body and its worker: the worker cancels (draining, the task lost
     or about to be), the body notes its progress (sent with the next timeout extension)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_body_end: Callable[[], None] | None = None) -> None:
         self._cancelled = threading.Event()
+        self._on_body_end = on_body_end
+        #: The body returned or raised: what is left (publication, report) is I/O, and the
+        #: worker no longer counts the attempt against its concurrency (``end_body``).
+        self.body_ended = False
         self._lock = threading.Lock()
         self.reason = ""
         self._note: str | None = None
@@ -86,6 +90,15 @@ class AttemptControl:
 
     def wait(self, seconds: float) -> bool:
         return self._cancelled.wait(seconds)
+
+    def end_body(self) -> None:
+        """The body is over: tell the worker once, so it may poll for the next body."""
+        with self._lock:
+            if self.body_ended:
+                return
+            self.body_ended = True
+        if self._on_body_end is not None:
+            self._on_body_end()
 
     def note(self, text: str) -> None:
         with self._lock:

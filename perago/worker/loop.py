@@ -160,6 +160,7 @@ class Worker:
             tasks=sorted(self._tasks),
             domains={n: d for n, d in sorted(self._domains.items()) if d},
             concurrency=self._settings.concurrency,
+            publications_in_flight=self._settings.publications_in_flight,
             task_concurrency=self._limits or None,
         )
         http = self._start_http()
@@ -265,7 +266,7 @@ class Worker:
         while not self._draining.is_set():
             self._last_loop = time.monotonic()
             with self._lock:
-                free = self._settings.concurrency - len(self._inflight)
+                free = self._free_places()
                 if free <= 0:
                     self._lock.wait(timeout=idle)
                     continue
@@ -297,19 +298,39 @@ class Worker:
             if not got_any:
                 self._draining.wait(idle)
 
+    def _free_places(self) -> int:
+        """How many attempts may start now (under ``self._lock``): a place is a running body's.
+
+        An attempt whose body has ended (it uploads, waits for the branch lease, merges and
+        reports) frees its place, up to ``publications_in_flight`` of them, so a fan-out's
+        next bodies run while their siblings' publications wait to join a group commit.
+        """
+        bodies = sum(1 for f in self._inflight.values() if not f.control.body_ended)
+        total = self._settings.concurrency + self._settings.publications_in_flight
+        return min(self._settings.concurrency - bodies, total - len(self._inflight))
+
+    def _body_ended(self) -> None:
+        with self._lock:
+            self._lock.notify_all()  # the poll loop may have a place now
+
     def _slots(self, name: str, free: int) -> int:
-        """How many attempts of task ``name`` this worker may start now."""
+        """How many attempts of task ``name`` this worker may start now (its limit counts
+        running bodies, as ``concurrency`` does)."""
         limit = self._limits.get(name)
         if limit is None:
             return free
         with self._lock:
-            running = sum(1 for f in self._inflight.values() if f.snapshot.task_type == name)
+            running = sum(
+                1
+                for f in self._inflight.values()
+                if f.snapshot.task_type == name and not f.control.body_ended
+            )
         return min(free, limit - running)
 
     def _start(self, snapshot: TaskSnapshot) -> None:
         if self._tasks[snapshot.task_type].is_async:
             bodies = self._async_bodies()
-            item = _InFlight(snapshot, running=Running(bodies.loop))
+            item = _InFlight(snapshot, self._control(), running=Running(bodies.loop))
             with self._lock:
                 self._inflight[snapshot.task_id] = item
             bodies.submit(self._attempt_async(item))
@@ -321,8 +342,11 @@ class Worker:
             daemon=True,
         )
         with self._lock:
-            self._inflight[snapshot.task_id] = _InFlight(snapshot)
+            self._inflight[snapshot.task_id] = _InFlight(snapshot, self._control())
         thread.start()
+
+    def _control(self) -> AttemptControl:
+        return AttemptControl(on_body_end=self._body_ended)
 
     def _async_bodies(self) -> AsyncBodies:
         """The event loop of this worker's ``async def`` bodies, made on first use."""

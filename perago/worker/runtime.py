@@ -633,6 +633,8 @@ class AttemptRunner:
         except Exception:
             _stop_if_cancelled(attempt)
             raise
+        finally:
+            attempt.control.end_body()
         _stop_if_cancelled(attempt)
         log.info("body_finished")
         steps.reached(Boundary.AFTER_BODY)
