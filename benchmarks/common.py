@@ -257,6 +257,29 @@ class Lakectl:
         )
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) that a process and its live descendants have used so far,
+    from ``/proc`` (Linux): PostgreSQL's work is done by its postmaster's children."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # after the command, which may hold spaces and parentheses
+                stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended meanwhile
+    children: dict[int, list[int]] = {}
+    for child, stat in stats.items():
+        children.setdefault(int(stat[1]), []).append(child)
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        fields = stats.get(current)
+        if fields is not None:
+            total += int(fields[11]) + int(fields[12])
+            todo += children.get(current, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in 0..100) of a non-empty sample."""
     ordered = sorted(values)

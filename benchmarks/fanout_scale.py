@@ -3,7 +3,8 @@ alone doing the same publications.
 
 Each partition is ``bench_scale_part``: no work, 5 x 1 KiB on its own prefix
 ``parts/p=<n>/``. Two worker processes with ``--concurrency 8`` each run every fan-out, one
-fresh repository per size. The baseline, measured in the same run on the same stack: lakeFS
+fresh repository per size, with the expected-head hook installed as ``perago repo init``
+installs it. The baseline, measured in the same run on the same stack: lakeFS
 alone doing the same publications 16 at a time (create a branch from ``main``, upload 5
 files, commit, merge into ``main``, retrying a merge that lakeFS answers 429). Printed per
 size: Perago's wall time (Conductor start to COMPLETED), lakeFS alone's, their ratio,
@@ -21,12 +22,16 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.common import (
+    Stack,
+    cpu_seconds,
     fanout_workflow,
     percentile,
     resolve_stack,
@@ -38,7 +43,9 @@ from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, register
 from perago.config import load
 from perago.errors import StoreError
+from perago.publish.expected_head_hook import install
 
+T = TypeVar("T")
 TASK, READ_TASK = "bench_scale_part", "bench_scale_read"
 WORKERS, CONCURRENCY, BASELINE_THREADS = 2, 8, 16
 FILES, SIZE = 5, 1024
@@ -64,6 +71,7 @@ def _perago(
     """(wall time, workflow id) of a fan-out of ``parts`` ``task`` steps on a fresh repository."""
     repo = f"bench-scale-{parts}-{uuid.uuid4().hex[:6]}"
     store.create_repository(repo)
+    install(store, repo, "main")  # the expected-head hook, as `perago repo init` commits it
     ws = {"repository": repo, "branch": "main", "ref": store.branch_head(repo, "main")}
     tasks = [{"name": task, "taskReferenceName": f"p{i}", "type": "SIMPLE"} for i in range(parts)]
     inputs = {f"p{i}": {"workspace": ws, "params": {"part": str(i)}} for i in range(parts)}
@@ -80,7 +88,8 @@ def _perago(
 
 def _history(store: LakeFSStore, repo: str) -> list[Any]:
     """The whole first-parent history of ``main``, a page of lakeFS's log at a time."""
-    out, ref = [], "main"
+    out: list[Any] = []
+    ref = "main"
     while True:
         page = store.log(repo, ref, amount=1000)
         out += page if not out else page[1:]
@@ -148,6 +157,35 @@ def _figures(logs: list[Path], workflow_id: str) -> tuple[int, int, list[float],
     return acquired, joined, sorted(latencies), retried
 
 
+class _Cpu:
+    """CPU seconds that the stack's services, the workers and this process (lakeFS alone's
+    client) use over a phase; the machine's cores bound what a phase can do in its wall
+    time. Only for the local stack (``perago_dev``): a stack named by the environment may
+    run elsewhere."""
+
+    def __init__(self, stack: Stack, workers: list[int]) -> None:
+        self.pids: dict[str, int] = {}
+        if stack.source.startswith("perago_dev"):
+            from perago_dev.stack import service_pids
+
+            self.pids = service_pids()
+        self.workers = workers
+
+    def read(self) -> dict[str, float]:
+        if not self.pids:
+            return {}
+        used = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        used["workers"] = sum(cpu_seconds(pid) for pid in self.workers)
+        used["client"] = sum(os.times()[:2])
+        return used
+
+    def measure(self, phase: Callable[[], T]) -> tuple[T, dict[str, float]]:
+        before = self.read()
+        result = phase()
+        after = self.read()
+        return result, {k: after[k] - before[k] for k in after}
+
+
 def main(argv: list[str]) -> int:
     sizes = [int(a) for a in argv] or [64, 256]
     stack = resolve_stack()
@@ -165,13 +203,21 @@ def main(argv: list[str]) -> int:
         concurrency=CONCURRENCY,
         env={**env, "PERAGO_POLL_INTERVAL": "0.1"},
     )
-    rows = []
+    cpu = _Cpu(stack, [w.pid for w in workers])
+    rows, used = [], []
     try:
         for parts in sizes:
-            floor, _ = _perago(conductor, store, flow, parts, READ_TASK)
-            wall, wid = _perago(conductor, store, flow, parts)
-            alone = _alone(store, parts)
+            (floor, _), floor_cpu = cpu.measure(
+                partial(_perago, conductor, store, flow, parts, READ_TASK)
+            )
+            (wall, wid), perago_cpu = cpu.measure(partial(_perago, conductor, store, flow, parts))
+            alone, alone_cpu = cpu.measure(partial(_alone, store, parts))
             rows.append((parts, wall, alone, floor, wid))
+            used += [
+                (parts, "read-only", floor, floor_cpu),
+                (parts, "Perago", wall, perago_cpu),
+                (parts, "lakeFS alone", alone, alone_cpu),
+            ]
     finally:
         stop_workers(workers)
     print(
@@ -192,7 +238,29 @@ def main(argv: list[str]) -> int:
             f"{acquired:>10} / {joined:<6}   | {retried}"
         )
     print(f"  worker logs: {', '.join(str(p) for p in logs)}")
+    if used and used[0][3]:
+        _print_cpu(used)
     return 0
+
+
+def _print_cpu(used: list[tuple[int, str, float, dict[str, float]]]) -> None:
+    """CPU seconds per process in each phase and how busy the cores were (100 %: every core
+    for the whole wall time, so the phase could not have gone faster on this machine)."""
+    cores = os.cpu_count() or 1
+    names = list(used[0][3])
+    print(f"  CPU seconds per phase ({cores} cores; client: this process, lakeFS alone's client)")
+    print(
+        f"  partitions | {'phase':<12} | wall   | "
+        + " | ".join(f"{n:>9}" for n in names)
+        + " | total  | cores busy"
+    )
+    for parts, phase, wall, cpu in used:
+        total = sum(cpu.values())
+        print(
+            f"  {parts:10d} | {phase:<12} | {wall:4.1f} s | "
+            + " | ".join(f"{cpu[n]:7.1f} s" for n in names)
+            + f" | {total:4.1f} s | {100 * total / (wall * cores):4.0f} %"
+        )
 
 
 if __name__ == "__main__":

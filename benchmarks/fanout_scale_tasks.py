@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -23,7 +24,9 @@ class Written(BaseModel):
 
 @task("bench_scale_part", workspace=WorkspaceSpec(prefix="parts/p={part}/"), retry_count=0)
 def bench_scale_part(workspace: Path, params: Part) -> Written:
-    """Write the partition's files (fresh bytes every run): all the cost is publication."""
+    """Write the partition's files (fresh bytes every run): all the cost is publication,
+    unless ``BENCH_SCALE_BODY_SECONDS`` gives the body work to do (a sleep)."""
+    time.sleep(float(os.environ.get("BENCH_SCALE_BODY_SECONDS", "0")))
     for i in range(FILES):
         (workspace / f"f{i}.bin").write_bytes(os.urandom(SIZE))
     return Written(files=FILES)

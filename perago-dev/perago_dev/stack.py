@@ -47,6 +47,7 @@ __all__ = [
     "resolve_ports",
     "resolve_profile",
     "restart",
+    "service_pids",
     "status",
     "up",
 ]
@@ -399,6 +400,12 @@ def _pid(paths: StackPaths, service: str) -> int | None:
 
 def _running(paths: StackPaths) -> dict[str, int]:
     return {s: pid for s in SERVICES if (pid := _pid(paths, s)) is not None}
+
+
+def service_pids() -> dict[str, int]:
+    """The running services of this stack and their verified pids (benchmarks read their
+    CPU time)."""
+    return _running(stack_paths())
 
 
 def _port_free(port: int) -> bool:
