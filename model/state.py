@@ -67,6 +67,10 @@ class Lease(NamedTuple):
     #: the member whose turn it is from reading the head to the merge or reset.
     members: int = 0
     turn: int = NO_REF
+    #: The head the last member's merge made, handed to the next member's turn, and the
+    #: first parent that member believes it has (the head its fence saw).
+    handed: int = NO_REF
+    handed_parent: int = NO_REF
 
 
 class Attempt(NamedTuple):

@@ -48,6 +48,11 @@ SUITE: tuple[tuple[str, FanoutConfig], ...] = (
         FanoutConfig(steps="AB", retried="A", hooks=(False,), group=True),
     ),
     (
+        "group commit: disjoint pair in one worker process, A retried, no-op bodies, foreign "
+        "writer, hook on (members hand the head their merge made to the next turn)",
+        FanoutConfig(steps="AB", retried="A", hooks=(True,), group=True),
+    ),
+    (
         "group commit: overlapping pair in one worker process, A retried, no-op bodies, "
         "foreign writer, hook off and on",
         FanoutConfig(steps="AC", retried="A", group=True),

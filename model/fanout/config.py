@@ -45,9 +45,12 @@ MECHANISMS: dict[str, str] = {
     "group-scope": "group commit admits any publication into a group, whatever its scope and "
     "step (an overlapping writer or another attempt of a member's step shares the grant)",
     "turnstile": "group members read the head, decide and merge or reset without taking turns",
+    "handoff-hook": "a group member hands the head its merge made (a commit it builds from "
+    "the head its fence saw) to the next member's turn even when the expected-head hook "
+    "does not guard the merge",
 }
 #: Mechanisms of group commit: ``--drops`` checks them on configurations with ``group``.
-GROUP_MECHANISMS = frozenset({"group-scope", "turnstile"})
+GROUP_MECHANISMS = frozenset({"group-scope", "turnstile", "handoff-hook"})
 
 FOREIGN_MODES = ("off", "outside-reset")
 #: Isolation of a step's named inputs read from the target branch (issue 25).

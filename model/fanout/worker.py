@@ -167,21 +167,25 @@ def _start(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
     return [(slot, how, _put(s, slot, nxt), False)]
 
 
-def _read_set(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> Transition | None:
-    """Serializable isolation, under the lease, on the head just read: refuse if a folder the
-    attempt read changed since the commit it read it at. Terminal when pinned (every retry
-    would read the same commit), else retryable (``hopeless``)."""
+def _read_set(
+    cfg: FanoutConfig, s: State, slot: int, a: Attempt, head: int | None = None
+) -> Transition | None:
+    """Serializable isolation, under the lease, on the head just read (``head``: the one
+    handed over, else ``s.head``): refuse if a folder the attempt read changed since the
+    commit it read it at. Terminal when pinned (every retry would read the same commit),
+    else retryable (``hopeless``)."""
     step = step_of(cfg, slot)[0]
     if not cfg.checks_reads(step) or not cfg.has("read-set"):
         return None
-    changed = reads.changed_read(cfg, s, step, a.read_at, s.head)
+    head = s.head if head is None else head
+    changed = reads.changed_read(cfg, s, step, a.read_at, head)
     if changed is None:
         return None
     folder, by = changed
     status = TERMINAL if s.pinned else FAILED
     label = (
         f"read-set check: {folder} changed between {ref_name(cfg, a.read_at)} and the head "
-        f"{ref_name(cfg, s.head)} (by {ref_name(cfg, by)}): PublishFenceError, "
+        f"{ref_name(cfg, head)} (by {ref_name(cfg, by)}): PublishFenceError, "
         + ("terminal (pinned input)" if s.pinned else "retryable")
     )
     return slot, label, _put(s, slot, _finish(cfg, a, status)), False
@@ -289,30 +293,59 @@ def _stage(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
 
 
 def _publish_fence(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    s = _take_turn(cfg, s, slot, a)
-    if s is None:
+    taken = _take_turn(cfg, s, slot, a)
+    if taken is None:
         return []
-    d = decide(cfg, s, slot, s.head, a.input_ref)
-    label = f"publish fence: head {ref_name(cfg, s.head)} -> {d}"
-    refused = _read_set(cfg, s, slot, a) if d in (FIRST, BESIDE, REPLACE, SCOPED) else None
-    if refused is not None:
-        return [(slot, f"{label}; {refused[1]}", *refused[2:])]
+    s, handed, parent = taken
+    # The head this fence decides on: the one the previous member handed over (as that
+    # member built it: its first parent is the head that member's fence saw), else read.
+    head, view, how = s.head, s, ""
+    if handed != NO_REF:
+        head, view, how = handed, _as_built(s, handed, parent), " (handed over)"
+    d = decide(cfg, view, slot, head, a.input_ref)
+    label = f"publish fence: head {ref_name(cfg, head)}{how} -> {d}"
+    refused = _read_set(cfg, view, slot, a, head) if d in (FIRST, BESIDE, REPLACE, SCOPED) else None
+    if refused is not None:  # its state is the view's: keep only the attempt's end
+        ended = refused[2].attempts[slot]
+        assert ended is not None
+        return [(slot, f"{label}; {refused[1]}", _put(s, slot, ended), False)]
     if d in (FIRST, BESIDE):
-        nxt = a._replace(pc="merge_refresh" if cfg.leases else "merge", seen=s.head)
+        nxt = a._replace(pc="merge_refresh" if cfg.leases else "merge", seen=head)
     elif d == REPLACE:
-        nxt = a._replace(pc="reread" if cfg.leases else _tag_or_reset(cfg), seen=s.head)
+        nxt = a._replace(pc="reread" if cfg.leases else _tag_or_reset(cfg), seen=head)
     elif d == SCOPED:
-        nxt = a._replace(pc="scoped", seen=s.head)
+        nxt = a._replace(pc="scoped", seen=head)
     elif d == LANDED:
-        nxt = _finish(cfg, a, COMPLETED, _own(s, slot))
+        nxt = _finish(cfg, a, COMPLETED, _own(view, slot, head))
     else:
         nxt = _finish(cfg, a, FAILED)
         label += " (PublishFenceError)"
     return [(slot, label, _put(s, slot, nxt), False)]
 
 
-def _own(s: State, slot: int) -> int:
-    for ref in first_parent_history(s.commits, s.head):
+def _as_built(s: State, handed: int, parent: int) -> State:
+    """``s`` with the handed-over commit as its member built it: its first parent the head
+    that member's fence saw (lakeFS's own has that parent only when the hook guarded it)."""
+    real = s.commits[handed]
+    assert real is not None
+    if real.parents[:1] == (parent,):
+        return s
+    commits = add_commit(
+        s.commits,
+        handed,
+        (parent, *real.parents[1:]),
+        kind=real.kind,
+        markers=real.markers,
+        data=real.data,
+        owner=real.owner,
+        replaces=real.replaces,
+        input_ref=real.input_ref,
+    )
+    return s._replace(commits=commits)
+
+
+def _own(s: State, slot: int, head: int | None = None) -> int:
+    for ref in first_parent_history(s.commits, s.head if head is None else head):
         commit = s.commits[ref]
         assert commit is not None
         if commit.owner == slot:
@@ -416,6 +449,7 @@ def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
         input_ref=a.input_ref,
     )
     moved = s._replace(commits=commits, head=into, heads=s.heads | 1 << into)
+    handing = _handing(cfg, moved, slot, a, into) if not scoped else None
     landed = (
         f"merges {ref_name(cfg, a.source)} onto {ref_name(cfg, s.head)}: head {ref_name(cfg, into)}"
     )
@@ -431,8 +465,24 @@ def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
             nxt = a._replace(pc="merge_recheck", ref=into)
         else:
             nxt = _finish(cfg, a, COMPLETED, into)
-        out.append((slot, label, _put(moved, slot, nxt), True))
+        after = moved if lost or handing is None else handing  # a lost answer hands nothing
+        out.append((slot, label, _put(after, slot, nxt), True))
     return out
+
+
+def _handing(cfg: FanoutConfig, s: State, slot: int, a: Attempt, into: int) -> State | None:
+    """``GroupMember.leave_head``: in its turn, a member whose merge the hook guarded hands
+    the head it made (built with the head its fence saw as first parent) to the next turn;
+    None when it does not."""
+    if not (cfg.group and cfg.leases and cfg.has("turnstile") and a.leased):
+        return None
+    if not (s.hook or not cfg.has("handoff-hook")):
+        return None
+    held = s.leases[_key(cfg, slot)]
+    if held.holder != a.grant or held.turn != slot:
+        return None
+    handed = held._replace(handed=into, handed_parent=a.seen)
+    return s._replace(leases=_set_lease(cfg, s, slot, handed))
 
 
 def _refence(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
@@ -464,9 +514,10 @@ def _noop_lease(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Tran
 
 
 def _noop_decide(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    s = _take_turn(cfg, s, slot, a)
-    if s is None:
+    taken = _take_turn(cfg, s, slot, a)
+    if taken is None:
         return []
+    s = taken[0]  # a handed-over head is dropped: the no-op decision reads the head
     d = decide(cfg, s, slot, s.head, a.input_ref)
     head, input_ref = ref_name(cfg, s.head), ref_name(cfg, a.input_ref)
     refused = _read_set(cfg, s, slot, a) if d in (FIRST, BESIDE, REPLACE, SCOPED) else None
@@ -583,19 +634,26 @@ TURN_PCS = frozenset(
 )
 
 
-def _take_turn(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> State | None:
-    """``GroupMember.turn``: wait while another member of the grant has its turn. A member
+def _take_turn(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> tuple[State, int, int] | None:
+    """``GroupMember.turn``: wait while another member of the grant has its turn; then the
+    turn takes the head the previous member handed over (dropped from the grant whatever
+    this turn does): (state, handed head or NO_REF, its first parent as built). A member
     whose grant was taken over is not held back (its group's turnstile is not modelled:
     more interleavings, and its writes fail their lease guard anyway)."""
     if not (cfg.group and cfg.leases and cfg.has("turnstile") and a.leased):
-        return s
+        return s, NO_REF, NO_REF
     key = _key(cfg, slot)
     held = s.leases[key]
     if held.holder != a.grant:
-        return s
+        return s, NO_REF, NO_REF
     if held.turn not in (NO_REF, slot):
         return None
-    return s._replace(leases=_set_lease(cfg, s, slot, held._replace(turn=slot)))
+    taken = held._replace(turn=slot, handed=NO_REF, handed_parent=NO_REF)
+    return (
+        s._replace(leases=_set_lease(cfg, s, slot, taken)),
+        held.handed,
+        held.handed_parent,
+    )
 
 
 def _end_turn(cfg: FanoutConfig, slot: int, tr: Transition) -> Transition:

@@ -209,6 +209,7 @@ class GroupMember:
         self.joined = joined
         self._left = False
         self._turning = False
+        self._handed: Commit | None = None
 
     @property
     def token(self) -> int:
@@ -224,19 +225,22 @@ class GroupMember:
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        """The members' sections from reading the head to the merge or reset, one at a time."""
+        """The members' sections from reading the head to the merge or reset, one at a time.
+
+        A turn takes the head the previous member handed over, whatever it then does: after
+        anything but a guarded merge (a reset, a failure) the next turn reads the head."""
         self.group.turnstile.acquire()
         self._turning = True
+        self._handed, self.group.head = self.group.head, None
         try:
             yield
         finally:
             self.end_turn()
 
     def take_head(self) -> Commit | None:
-        """In a turn: the head the previous member's merge made, if it left one (else read
-        the head from lakeFS). Taken, so a member that does anything but a guarded merge
-        leaves the next one to read it."""
-        head, self.group.head = self.group.head, None
+        """In a turn: the head the previous member's merge made, if it handed one over (else
+        read the head from lakeFS)."""
+        head, self._handed = self._handed, None
         return head
 
     def leave_head(self, head: Commit) -> None:

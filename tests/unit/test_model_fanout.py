@@ -19,6 +19,8 @@ OVERLAPPING = FanoutConfig(steps="AC", retried="A", noop=False, foreign="off", h
 #: Group commit: the same pairs in one worker process, sharing lease grants.
 GROUP_DISJOINT = FanoutConfig(**{**DISJOINT.__dict__, "group": True})
 GROUP_OVERLAPPING = FanoutConfig(**{**OVERLAPPING.__dict__, "group": True, "noop": True})
+#: The disjoint group with a foreign writer and no hook: what the head's handoff needs.
+GROUP_FOREIGN = FanoutConfig(**{**GROUP_DISJOINT.__dict__, "foreign": "outside-reset"})
 
 
 def _violated(cfg: FanoutConfig, *drops: str) -> set[str]:
@@ -49,11 +51,19 @@ def test_group_commit_as_coded_holds() -> None:
         result = explore(cfg)
         assert result.ok, [v.message for v in result.violations]
         assert result.terminal > 0 and {"reset", "merge", "verify"} <= result.pcs
+    # With the hook the members hand the head on; a foreign commit meanwhile makes the next
+    # member's merge refused and fenced again (``refence``).
+    result = explore(FanoutConfig(**{**GROUP_FOREIGN.__dict__, "hooks": (True,)}))
+    assert result.ok, [v.message for v in result.violations]
+    assert {"refence", "merge", "reset"} <= result.pcs
 
 
 @pytest.mark.parametrize(
     ("cfg", "drops", "invariant"),
     [
+        # Group commit: a head handed on from a merge the hook did not guard (it landed on a
+        # foreign commit the member does not know of): the next member completes over it.
+        (GROUP_FOREIGN, ("handoff-hook",), "F6"),
         # Group commit: without turns, a member's hard reset drops a sibling member's merge.
         pytest.param(  # ~30 s of search: in make model-check
             GROUP_DISJOINT, ("turnstile",), "F5", marks=pytest.mark.exhaustive
