@@ -315,14 +315,14 @@ class AttemptRunner:
             ) from e
         overrides = input_overrides(defn, raw.get("inputs"))
         self._check_policy(defn, ws, params)
-        if not self._store.repository_exists(ws.repository):
-            raise GuardrailError(
-                f"lakeFS repository {ws.repository!r} does not exist; create it or fix the "
-                "workflow input"
-            )
         try:
             head = self._store.branch_head(ws.repository, ws.branch)
-        except NotFoundError as e:
+        except NotFoundError as e:  # which is missing: asked only then (a request less)
+            if not self._store.repository_exists(ws.repository):
+                raise GuardrailError(
+                    f"lakeFS repository {ws.repository!r} does not exist; create it or fix "
+                    "the workflow input"
+                ) from e
             raise GuardrailError(
                 f"branch {ws.branch!r} does not exist in {ws.repository!r}; create it or fix the "
                 "workflow input"
