@@ -507,6 +507,9 @@ class Worker:
         }
         worker_id = self._settings.worker_id
 
+        if outcome.status != "COMPLETED" and self._delivered_again(snapshot, fields):
+            return
+
         def send() -> None:
             self._orchestrator.report(snapshot, outcome, worker_id=worker_id)
 
@@ -554,6 +557,32 @@ class Worker:
             return
         metrics.REPORT_PROBLEMS.labels(f"report_{landed.value}").inc()
         log.warning("report_not_shown", landing=landed.value, **fields)
+
+    def _delivered_again(self, snapshot: TaskSnapshot, fields: dict[str, Any]) -> bool:
+        """Did Conductor deliver this task id again, to a delivery still running it? Then
+        this one's failure is not the task's: a FAILED report would end the task under the
+        live delivery (Conductor takes updates from any worker) and spend a retry.
+
+        Conductor 3.32.3's sweeper re-queues a task it reads as SCHEDULED while a poll has
+        just taken it (``WorkflowSweeper.sweep``), so a wide fan-out sees such deliveries.
+        A failed attempt published nothing of its own (its fences failed, or it never got
+        that far), and a report it skips is what a worker that died before reporting does.
+        """
+        try:
+            now = self._orchestrator.get_task(snapshot.task_id)
+        except PeragoError:
+            return False  # report as usual
+        if now is None or now.status != "IN_PROGRESS" or now.poll_count == snapshot.poll_count:
+            return False
+        metrics.REPORT_PROBLEMS.labels("report_superseded").inc()
+        log.warning(
+            "report_skipped_delivered_again",
+            poll_count=snapshot.poll_count,
+            live_poll_count=now.poll_count,
+            live_worker=now.worker_id,
+            **fields,
+        )
+        return True
 
     # -- drain ----------------------------------------------------------------------------------
 

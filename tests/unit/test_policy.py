@@ -136,9 +136,8 @@ def test_a_target_that_is_not_allowed_is_refused_before_anything_is_read(
     assert outcome.status == "FAILED_WITH_TERMINAL_ERROR"
     assert "pol_write may not publish to other/main: PERAGO_ALLOWED_TARGETS" in outcome.reason
     assert ok.status == "COMPLETED", ok.reason
-    first_ok = store.calls.index("repository_exists")
-    assert store.calls.count("repository_exists") == 1, "the refused attempt read nothing"
-    assert first_ok >= 0
+    # the pre-guardrail's first read is the branch head: only the allowed attempt made it
+    assert store.calls.count("branch_head") == 1, "the refused attempt read nothing"
     assert store.tree("other", "main") == {"data/in.txt": b"input", "dims/d.csv": b"d"}
 
 

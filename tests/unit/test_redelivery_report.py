@@ -1,0 +1,98 @@
+"""A delivery that fails after Conductor delivered its task id again does not report FAILED
+over the live delivery: that one publishes and completes, and no retry is spent.
+
+Conductor 3.32.3's sweeper does deliver a task id twice (it re-queues a task it read as
+SCHEDULED while a poll had just taken it); ``StubOrchestrator.redeliver`` stands in for it,
+as the real server cannot be made to race on demand.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from perago import WorkspaceSpec, steps, task
+from perago.steps import Boundary
+from perago.testing import MemoryStore, StubOrchestrator, running_worker
+
+
+class P(BaseModel):
+    n: int = 0
+
+
+class R(BaseModel):
+    n: int = 0
+
+
+@task("rd_writer", workspace=WorkspaceSpec(prefix="parts/"), retry_count=1)
+def writer(workspace: Path, params: P) -> R:
+    (workspace / "rows.csv").write_text(f"{params.n}\n")
+    return R(n=params.n)
+
+
+class Deliveries:
+    """Holds each of the first two attempts at fence #1's boundary until it is released."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.held = [threading.Event(), threading.Event()]
+        self.release = [threading.Event(), threading.Event()]
+
+    def __call__(self, boundary: Boundary) -> None:
+        if boundary is not Boundary.AFTER_FENCE1:
+            return
+        with self.lock:
+            me = threading.current_thread()
+            if me not in self.threads:
+                self.threads.append(me)
+            n = self.threads.index(me)
+        if n < 2:
+            self.held[n].set()
+            self.release[n].wait(20)
+
+
+@pytest.fixture
+def deliveries() -> Iterator[Deliveries]:
+    hold = Deliveries()
+    remove = steps.observe(hold)
+    try:
+        yield hold
+    finally:
+        for release in hold.release:
+            release.set()
+        remove()
+
+
+def test_a_delivery_superseded_by_a_live_one_does_not_fail_the_task(
+    tmp_path: Path, deliveries: Deliveries
+) -> None:
+    """The first delivery fails its fence #2 while the second still runs the task: it sends
+    no report, the second publishes and completes, no retry is scheduled."""
+    store = MemoryStore()
+    store.create_repository("repo")
+    stub = StubOrchestrator(gate_timeout=20)
+    ws = {"repository": "repo", "branch": "main"}
+    with running_worker(
+        [writer], store=store, orchestrator=stub, work_dir=tmp_path / "w", concurrency=2
+    ):
+        task_id = stub.submit("rd_writer", {"workspace": ws, "params": {"n": 1}}, workflow_id="f")
+        assert deliveries.held[0].wait(20)
+        stub.redeliver(task_id)
+        assert deliveries.held[1].wait(20)  # both deliveries of the task id are running
+        deliveries.release[0].set()  # the first fails fence #2: delivered again
+        deliveries.threads[0].join(20)
+        assert stub.task(task_id).status == "IN_PROGRESS"  # not failed under the second
+        deliveries.release[1].set()
+        stub.wait_for(lambda s: s.settled("f"))
+    final = stub.final("f")
+    assert (final.task_id, final.retry_count, final.status) == (task_id, 0, "COMPLETED")
+    reports = [u for u in stub.reports(task_id) if u.kind == "report"]
+    assert [u.outcome.status for u in reports if u.outcome] == ["COMPLETED"]
+    assert len(stub.attempts("f")) == 1  # no retry was scheduled
+    head = store.get_commit("repo", "main")
+    assert head.metadata["perago.poll_count"] == "2"
