@@ -459,7 +459,10 @@ def test_a_writer_killed_after_publishing_inside_a_fork_is_replaced_in_its_scope
         w.wait_killed(conductor, wid)
     first = publications(store, repo)[0]
     killed = first.metadata["perago.task_ref"]
-    with worker(env, tmp_path / "w.log") as w:
+    # One attempt at a time, report included: the sibling (polled first) publishes before
+    # the retry decides, so the retry finds it on top. With room for publications in flight
+    # the two would share a grant in either order, and a retry first would replace by reset.
+    with worker({**env, "PERAGO_PUBLICATIONS_IN_FLIGHT": "0"}, tmp_path / "w.log") as w:
         wf = wait_workflow(conductor, wid, timeout=120, nudge=True)
     assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
     # the restarted worker failed the killed attempt (recovery), or Conductor timed it out
