@@ -237,6 +237,11 @@ class GroupMember:
         finally:
             self.end_turn()
 
+    @property
+    def shared(self) -> bool:
+        """Whether other publications share the grant now (a lone one hands nothing on)."""
+        return len(self.group.members) > 1
+
     def take_head(self) -> Commit | None:
         """In a turn: the head the previous member's merge made, if it handed one over (else
         read the head from lakeFS)."""

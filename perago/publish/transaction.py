@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ log = structlog.get_logger("perago.publish")
 #: fan-out whose siblings published more often than this since its input ref fails closed.
 #: The walk stops at the input ref and reads each commit once per process (FirstParents).
 HISTORY_LIMIT = 5000
+#: Input refs whose hook answer a publisher keeps (``Publisher._hook_guards``).
+HOOKED_REFS = 1024
 #: Merges tried when the expected-head hook refuses because fan-out siblings moved the head,
 #: or lakeFS answers 429 (its own branch-update retries ran out under contention).
 MERGE_TRIES = 4
@@ -171,7 +174,8 @@ class Publisher:
         self._groups = None if leases is None else LeaseGroups(leases)
         self._first_parents = FirstParents(store)
         #: Per (repository, input ref): does the expected-head hook guard merges from it?
-        self._hooked: dict[tuple[str, str], bool] = {}
+        #: (the newest HOOKED_REFS answers: a long-lived worker sees a new input ref per step)
+        self._hooked: OrderedDict[tuple[str, str], bool] = OrderedDict()
 
     def publish(
         self,
@@ -303,10 +307,9 @@ class Publisher:
             staged = self._commit_staging(me, target, branch, lease, **(counts or {}))
             steps.reached(Boundary.AFTER_STAGE)
             self._fence(me, 2)
-            handoff = hooked and isinstance(lease, GroupMember) and self._hook_guards(target)
             started = time.monotonic()
             with _turn(lease):
-                published = self._confirm(me, target, staged, lease, handoff=handoff)
+                published = self._confirm(me, target, staged, lease, hooked=hooked)
             metrics.PUBLISH_SECONDS.labels("publish").observe(
                 time.monotonic() - started, exemplar=tracing.exemplar()
             )
@@ -411,14 +414,14 @@ class Publisher:
         staged: StagedReference,
         lease: BranchLease | None,
         *,
-        handoff: bool = False,
+        hooked: bool = False,
     ) -> str:
-        """The publish fence and Confirm. With ``handoff`` (a group member whose merge the
-        expected-head hook guards) the head the previous member's merge made stands in for
-        reading it, and this member's merge leaves its own for the next."""
+        """The publish fence and Confirm. A group member fences on the head the previous
+        member's guarded merge handed over, if there is one (it is the head as that merge
+        left it: as good as reading it then); ``hooked``: its own merge may hand its head
+        on (the staged change leaves ``_lakefs_actions/`` alone)."""
         repo = target.repository
         known = lease.take_head() if isinstance(lease, GroupMember) else None
-        known = known if handoff else None
         head, history = self._read_head(target, known)
         decision = decide_publication(head, target.input_ref, me, history)
         if decision is not HeadDecision.LANDED:  # landed: checked when it was published
@@ -447,7 +450,7 @@ class Publisher:
             return self._scoped_replace(me, target, staged, lease, head, history)
         for attempt in range(1, MERGE_TRIES + 1):
             try:
-                return self._merge(me, target, staged, lease, head, handoff=handoff)
+                return self._merge(me, target, staged, lease, head, hooked=hooked)
             except ConflictError as e:
                 moved = e.status == 412 and "perago: destination head" in e.message
                 error = PublishFenceError(
@@ -498,7 +501,7 @@ class Publisher:
         lease: BranchLease | None,
         head: Commit,
         *,
-        handoff: bool = False,
+        hooked: bool = False,
         **extra: str,
     ) -> str:
         """Confirm by merge (first or beside-siblings publication), guarded by the lease."""
@@ -524,7 +527,10 @@ class Publisher:
                 timeout=timeout,
             )
             if isinstance(lease, GroupMember):
-                if handoff:  # the hook made ``head`` its first parent (GroupMember.leave_head)
+                # Siblings waiting and the hook guarding this merge: it made ``head`` its
+                # first parent, so hand the new head on (GroupMember.leave_head). A lone
+                # publication (a serial chain) neither checks for the hook nor hands on.
+                if hooked and lease.shared and self._hook_guards(target):
                     parents = (head.id, staged.staging_commit)
                     lease.leave_head(Commit(merged, parents, message, dict(metadata)))
                 lease.end_turn()  # the checks after the merge only read: siblings may go on
@@ -630,11 +636,19 @@ class Publisher:
         tree plus the attempt's writes, and those never touch ``_lakefs_actions/`` (a
         workspace prefix may not be there, an in-place attempt's writes are checked, a
         write-audit-publish source that changes it says ``hooked=False``). Asked once per
-        input ref and process."""
+        input ref and process, the first time a member that has siblings merges from it."""
         key = (target.repository, target.input_ref)
-        if key not in self._hooked:
-            self._hooked[key] = expected_head_hook.installed(self._store, *key)
-        return self._hooked[key]
+        hooked = self._hooked.get(key)
+        if hooked is None:
+            try:
+                hooked = expected_head_hook.installed(self._store, *key)
+            except StoreError as e:  # then the next member reads the head: ask again later
+                log.warning("hook_check_failed", error=e.message)
+                return False
+            self._hooked[key] = hooked
+            while len(self._hooked) > HOOKED_REFS:
+                self._hooked.popitem(last=False)
+        return hooked
 
     @staticmethod
     def _own_commit(head: Commit, history: list[Commit], me: AttemptIdentity) -> str:
