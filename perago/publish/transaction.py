@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -173,9 +173,11 @@ class Publisher:
         self._leases = leases
         self._groups = None if leases is None else LeaseGroups(leases)
         self._first_parents = FirstParents(store)
-        #: Per (repository, input ref): does the expected-head hook guard merges from it?
-        #: (the newest HOOKED_REFS answers: a long-lived worker sees a new input ref per step)
-        self._hooked: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        #: (repository, input ref) -> is the expected-head hook in that tree? The newest
+        #: HOOKED_REFS answers (a long-lived worker sees a new input ref per step).
+        self._hook_installed = functools.lru_cache(maxsize=HOOKED_REFS)(
+            functools.partial(expected_head_hook.installed, store)
+        )
 
     def publish(
         self,
@@ -637,18 +639,11 @@ class Publisher:
         workspace prefix may not be there, an in-place attempt's writes are checked, a
         write-audit-publish source that changes it says ``hooked=False``). Asked once per
         input ref and process, the first time a member that has siblings merges from it."""
-        key = (target.repository, target.input_ref)
-        hooked = self._hooked.get(key)
-        if hooked is None:
-            try:
-                hooked = expected_head_hook.installed(self._store, *key)
-            except StoreError as e:  # then the next member reads the head: ask again later
-                log.warning("hook_check_failed", error=e.message)
-                return False
-            self._hooked[key] = hooked
-            while len(self._hooked) > HOOKED_REFS:
-                self._hooked.popitem(last=False)
-        return hooked
+        try:
+            return bool(self._hook_installed(target.repository, target.input_ref))
+        except StoreError as e:  # not cached: the next member reads the head, asks again
+            log.warning("hook_check_failed", error=e.message)
+            return False
 
     @staticmethod
     def _own_commit(head: Commit, history: list[Commit], me: AttemptIdentity) -> str:

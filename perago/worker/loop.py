@@ -34,7 +34,7 @@ from perago.task import TaskDefinition
 from perago.worker.async_bodies import AsyncBodies, Running
 from perago.worker.health import HealthServer
 from perago.worker.recovery import AttemptRecords, recover
-from perago.worker.report import Landing, TaskUpdates, under_lease
+from perago.worker.report import Landing, TaskUpdates, delivered_again, under_lease
 from perago.worker.runtime import AttemptRunner, Finished, outcome_of
 
 __all__ = ["Worker"]
@@ -559,21 +559,21 @@ class Worker:
         log.warning("report_not_shown", landing=landed.value, **fields)
 
     def _delivered_again(self, snapshot: TaskSnapshot, fields: dict[str, Any]) -> bool:
-        """Did Conductor deliver this task id again, to a delivery still running it? Then
-        this one's failure is not the task's: a FAILED report would end the task under the
-        live delivery (Conductor takes updates from any worker) and spend a retry.
+        """Skip a failure's report when Conductor delivered the task id again to a delivery
+        still running it (``report.delivered_again``).
 
         Conductor 3.32.3's sweeper re-queues a task it reads as SCHEDULED while a poll has
         just taken it (``WorkflowSweeper.sweep``), so a wide fan-out sees such deliveries.
-        A failed attempt published nothing of its own (its fences failed, or it never got
-        that far), and a report it skips is what a worker that died before reporting does.
+        A report skipped is what a worker that died before reporting leaves, which both
+        models explore after every step.
         """
         try:
             now = self._orchestrator.get_task(snapshot.task_id)
         except PeragoError:
             return False  # report as usual
-        if now is None or now.status != "IN_PROGRESS" or now.poll_count == snapshot.poll_count:
+        if not delivered_again(now, snapshot):
             return False
+        assert now is not None
         metrics.REPORT_PROBLEMS.labels("report_superseded").inc()
         log.warning(
             "report_skipped_delivered_again",

@@ -23,7 +23,7 @@ from perago.coord.branch_leases import BranchLease
 from perago.errors import OrchestratorError
 from perago.orchestrator import TaskSnapshot
 
-__all__ = ["Landing", "TaskUpdates", "landing", "under_lease"]
+__all__ = ["Landing", "TaskUpdates", "delivered_again", "landing", "under_lease"]
 
 log = structlog.get_logger("perago.worker.report")
 
@@ -47,6 +47,13 @@ def landing(reported: str, now: TaskSnapshot | None, delivery: TaskSnapshot) -> 
     if now.terminal or now.poll_count != delivery.poll_count:
         return Landing.SUPERSEDED
     return Landing.RESEND
+
+
+def delivered_again(now: TaskSnapshot | None, delivery: TaskSnapshot) -> bool:
+    """Is the task, as read ``now``, running under another delivery of its id? Then a
+    failure of ``delivery`` is not the task's: Conductor takes a FAILED from any worker, so
+    reporting it would end the task under the live delivery and spend a retry."""
+    return now is not None and now.status == "IN_PROGRESS" and now.poll_count != delivery.poll_count
 
 
 class TaskUpdates:
