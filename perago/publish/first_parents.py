@@ -28,18 +28,15 @@ class FirstParents:
         self._lock = threading.Lock()
         self._commits: OrderedDict[tuple[str, str], Commit] = OrderedDict()
 
-    def chain(
-        self, repository: str, head: Commit, *, stop_at: str, limit: int, read: bool = True
-    ) -> list[Commit]:
+    def chain(self, repository: str, head: Commit, *, stop_at: str, limit: int) -> list[Commit]:
         """``head`` and its first parents, newest first, down to ``stop_at`` (included), the
         first commit of the branch, or ``limit`` commits, whichever comes first.
 
-        A ``head`` read from lakeFS is kept: it is the next fence's first parent (a fan-out
-        sibling's merge moves the head by one commit), found here instead of in a page of
-        lakeFS's log. One the caller made up (``read=False``) is not.
+        ``head`` (read from lakeFS: never one the caller made up) is kept: it is the next
+        fence's first parent (a fan-out sibling's merge moves the head by one commit), found
+        here instead of in a page of lakeFS's log.
         """
-        if read:
-            self.remember(repository, head)
+        self.remember(repository, head)
         chain, commit = [head], head
         while commit.id != stop_at and commit.parents and len(chain) < limit:
             parent = commit.parents[0]
@@ -58,6 +55,14 @@ class FirstParents:
             chain.append(cached)
             commit = cached
         return chain
+
+    def commit(self, repository: str, commit_id: str) -> Commit:
+        """One commit, from the cache or read from lakeFS (and kept)."""
+        cached = self._get(repository, commit_id)
+        if cached is None:
+            cached = self._store.get_commit(repository, commit_id)
+            self.remember(repository, cached)
+        return cached
 
     def remember(self, repository: str, commit: Commit) -> None:
         """Keep a commit read from lakeFS."""

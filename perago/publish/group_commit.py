@@ -16,8 +16,9 @@ join the group instead of waiting, when:
 Each member keeps its own staged commit, fences, merge, report and output ref; only the
 grant is shared. Members take turns (:meth:`GroupMember.turn`) from the publish fence to
 the merge or reset: a hard reset in lakeFS has no compare-and-swap, so no sibling may merge
-inside one. A member whose merge the expected-head hook guarded hands the head it made to
-the next member's turn, which then fences on it without reading it again. The grant is
+inside one. A member hands the merge commit lakeFS made, read back and sitting on the head
+its own fence saw, to the next member's turn, which then fences on it without reading the
+head again. The grant is
 released when the last member leaves. A member that fails leaves alone. When the process
 dies, the grant expires as a lone holder's would.
 """
@@ -62,7 +63,7 @@ class _Group:
         self.admitted = 0
         self.turnstile = threading.Lock()
         self.renewing = threading.Lock()
-        #: The head the last member's hook-guarded merge made (read and written in turns).
+        #: The head the last member's merge made, read back (read and written in turns).
         self.head: Commit | None = None
 
     def conflicts(self, me: AttemptIdentity) -> AttemptIdentity | None:
@@ -228,7 +229,8 @@ class GroupMember:
         """The members' sections from reading the head to the merge or reset, one at a time.
 
         A turn takes the head the previous member handed over, whatever it then does: after
-        anything but a guarded merge (a reset, a failure) the next turn reads the head."""
+        anything but a merge read back on its fence's head (a reset, a failure, a lost
+        answer) the next turn reads the head."""
         self.group.turnstile.acquire()
         self._turning = True
         self._handed, self.group.head = self.group.head, None
@@ -249,12 +251,13 @@ class GroupMember:
         return head
 
     def leave_head(self, head: Commit) -> None:
-        """In a turn, after a merge the expected-head hook guarded: the head it made.
+        """In a turn, after a merge: the merge commit as lakeFS answered it (read back, not
+        built), whose first parent the caller checked is the head this member's fence saw.
 
-        The hook let the merge land only on the head this member's fence saw, so the merge
-        commit's first parent is that head and nothing landed between; the lease keeps
-        other Perago processes out and the next member's merge is guarded the same way, so
-        a writer that moves the branch meanwhile is refused there (412) as before."""
+        The next member's fence then decides on the head as it was right after that merge,
+        as if it had read it then; a writer that moves the branch meanwhile is refused at
+        the next merge by the expected-head hook (412) when lakeFS runs it, and caught by
+        the next member's post-publish check when it does not."""
         self.group.head = head
 
     def end_turn(self) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +17,6 @@ from pathlib import Path
 
 import structlog
 
-from perago import lakefs_names as names
 from perago import metrics, steps, tracing
 from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.errors import (
@@ -29,7 +27,6 @@ from perago.errors import (
     WorkspaceError,
 )
 from perago.lakefs_names import replaced_tag, scoped_branch_name
-from perago.publish import expected_head_hook
 from perago.publish.fences import (
     AttemptLedger,
     HeadDecision,
@@ -61,8 +58,6 @@ log = structlog.get_logger("perago.publish")
 #: fan-out whose siblings published more often than this since its input ref fails closed.
 #: The walk stops at the input ref and reads each commit once per process (FirstParents).
 HISTORY_LIMIT = 5000
-#: Input refs whose hook answer a publisher keeps (``Publisher._hook_guards``).
-HOOKED_REFS = 1024
 #: Merges tried when the expected-head hook refuses because fan-out siblings moved the head,
 #: or lakeFS answers 429 (its own branch-update retries ran out under contention).
 MERGE_TRIES = 4
@@ -173,11 +168,6 @@ class Publisher:
         self._leases = leases
         self._groups = None if leases is None else LeaseGroups(leases)
         self._first_parents = FirstParents(store)
-        #: (repository, input ref) -> is the expected-head hook in that tree? The newest
-        #: HOOKED_REFS answers (a long-lived worker sees a new input ref per step).
-        self._hook_installed = functools.lru_cache(maxsize=HOOKED_REFS)(
-            functools.partial(expected_head_hook.installed, store)
-        )
 
     def publish(
         self,
@@ -243,8 +233,6 @@ class Publisher:
                 me,
                 target,
                 branch,
-                # A change to the hook itself: its merge may not be guarded by it.
-                hooked=not any(path.startswith(names.ACTIONS_PREFIX) for _, path in changes),
                 counts={"changed": len(changes) - len(removed), "deleted": len(removed)},
             )
         finally:
@@ -300,7 +288,6 @@ class Publisher:
         branch: str,
         early: _BackgroundAcquire | None = None,
         *,
-        hooked: bool = True,
         counts: dict[str, int] | None = None,
     ) -> Publication:
         """Under the branch lease: the staged commit, attempt fence 2, publish fence, Confirm."""
@@ -311,7 +298,7 @@ class Publisher:
             self._fence(me, 2)
             started = time.monotonic()
             with _turn(lease):
-                published = self._confirm(me, target, staged, lease, hooked=hooked)
+                published = self._confirm(me, target, staged, lease)
             metrics.PUBLISH_SECONDS.labels("publish").observe(
                 time.monotonic() - started, exemplar=tracing.exemplar()
             )
@@ -415,13 +402,10 @@ class Publisher:
         target: WorkspaceTarget,
         staged: StagedReference,
         lease: BranchLease | None,
-        *,
-        hooked: bool = False,
     ) -> str:
         """The publish fence and Confirm. A group member fences on the head the previous
-        member's guarded merge handed over, if there is one (it is the head as that merge
-        left it: as good as reading it then); ``hooked``: its own merge may hand its head
-        on (the staged change leaves ``_lakefs_actions/`` alone)."""
+        member's merge handed over, if there is one (the merge commit as lakeFS answered it,
+        on the head that member's fence saw: as good as reading the head then)."""
         repo = target.repository
         known = lease.take_head() if isinstance(lease, GroupMember) else None
         head, history = self._read_head(target, known)
@@ -452,7 +436,7 @@ class Publisher:
             return self._scoped_replace(me, target, staged, lease, head, history)
         for attempt in range(1, MERGE_TRIES + 1):
             try:
-                return self._merge(me, target, staged, lease, head, hooked=hooked)
+                return self._merge(me, target, staged, lease, head)
             except ConflictError as e:
                 moved = e.status == 412 and "perago: destination head" in e.message
                 error = PublishFenceError(
@@ -502,8 +486,6 @@ class Publisher:
         staged: StagedReference,
         lease: BranchLease | None,
         head: Commit,
-        *,
-        hooked: bool = False,
         **extra: str,
     ) -> str:
         """Confirm by merge (first or beside-siblings publication), guarded by the lease."""
@@ -529,12 +511,8 @@ class Publisher:
                 timeout=timeout,
             )
             if isinstance(lease, GroupMember):
-                # Siblings waiting and the hook guarding this merge: it made ``head`` its
-                # first parent, so hand the new head on (GroupMember.leave_head). A lone
-                # publication (a serial chain) neither checks for the hook nor hands on.
-                if hooked and lease.shared and self._hook_guards(target):
-                    parents = (head.id, staged.staging_commit)
-                    lease.leave_head(Commit(merged, parents, message, dict(metadata)))
+                if lease.shared:
+                    self._hand_on(repo, lease, merged, head.id)
                 lease.end_turn()  # the checks after the merge only read: siblings may go on
             return merged
 
@@ -621,7 +599,7 @@ class Publisher:
     def _read_head(
         self, target: WorkspaceTarget, known: Commit | None = None
     ) -> tuple[Commit, list[Commit]]:
-        """The target head (``known``: the one a group sibling's guarded merge made) and,
+        """The target head (``known``: the one a group sibling's merge made, read back) and,
         when it moved past the input ref, its first-parent chain."""
         repo = target.repository
         # A branch name reads its head.
@@ -629,21 +607,29 @@ class Publisher:
         if head.id == target.input_ref or head.parents[:1] == (target.input_ref,):
             return head, [head]
         return head, self._first_parents.chain(
-            repo, head, stop_at=target.input_ref, limit=HISTORY_LIMIT, read=known is None
+            repo, head, stop_at=target.input_ref, limit=HISTORY_LIMIT
         )
 
-    def _hook_guards(self, target: WorkspaceTarget) -> bool:
-        """Whether the expected-head hook guards merges of staging branches made from the
-        input ref: lakeFS reads the actions of a merge's source, which is the input ref's
-        tree plus the attempt's writes, and those never touch ``_lakefs_actions/`` (a
-        workspace prefix may not be there, an in-place attempt's writes are checked, a
-        write-audit-publish source that changes it says ``hooked=False``). Asked once per
-        input ref and process, the first time a member that has siblings merges from it."""
+    def _hand_on(self, repo: str, lease: GroupMember, merged: str, seen_head: str) -> None:
+        """In its turn, a member with siblings waiting hands the head its merge made to the
+        next member's fence (``GroupMember.leave_head``), as lakeFS answered it: the merge
+        commit read back, and only when its first parent is the head this member's fence
+        saw. Then nothing landed between that head and this merge, whether or not a hook
+        ran, and the next fence decides on the head as it was right after the merge. A
+        merge that landed on anything else hands nothing on: the next member reads the head
+        (and this member's post-publish check fails it). A failed read hands nothing on."""
         try:
-            return bool(self._hook_installed(target.repository, target.input_ref))
-        except StoreError as e:  # not cached: the next member reads the head, asks again
-            log.warning("hook_check_failed", error=e.message)
-            return False
+            commit = self._store.get_commit(repo, merged)
+        except StoreError as e:
+            log.warning("handoff_read_failed", ref=merged, error=e.message)
+            return
+        self._first_parents.remember(repo, commit)  # the post-publish check reads it here
+        if commit.parents[:1] == (seen_head,):
+            lease.leave_head(commit)
+        else:
+            log.warning(
+                "handoff_refused", ref=merged, first_parent=commit.parents[:1], head=seen_head
+            )
 
     @staticmethod
     def _own_commit(head: Commit, history: list[Commit], me: AttemptIdentity) -> str:
@@ -660,8 +646,8 @@ class Publisher:
     ) -> None:
         """Post-publish check: the merge must sit on the head the fence saw, or on disjoint
         Perago publications that landed on it since (a racing fan-out sibling)."""
-        commit = self._store.get_commit(repo, merged)
-        self._first_parents.remember(repo, commit)  # the next fence's first parent
+        # Read back (or as ``_hand_on`` read it): the next fence's first parent
+        commit = self._first_parents.commit(repo, merged)
         parents = commit.parents[:1]
         if parents == (seen_head,):
             return

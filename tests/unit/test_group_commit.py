@@ -22,7 +22,7 @@ from perago.errors import (
     PublishFenceError,
 )
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
-from perago.publish.expected_head_hook import install
+from perago.publish.expected_head_hook import install, installed
 from perago.publish.group_commit import GroupMember, LeaseGroups
 from perago.steps import Boundary
 from perago.store import Commit
@@ -249,11 +249,14 @@ def test_a_fan_out_publishes_through_few_grants_and_a_failing_member_fails_alone
 
 
 class HookedStore(MemoryStore):
-    """The in-memory store with the expected-head hook's check on merges (lakeFS runs the
-    real hook in tests/integration), counting the reads of a branch's head."""
+    """The in-memory store that runs the expected-head hook's check on a merge as lakeFS
+    does (tests/integration has the real hook): only when the hook is in the merge source's
+    tree and the server runs hooks (``runs_hooks=False``: ``actions.enabled: false``, or a
+    hook that fails to load). Counts the reads of a branch's head."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, runs_hooks: bool = True) -> None:
         super().__init__()
+        self.runs_hooks = runs_hooks
         self.head_reads = 0
 
     def get_commit(self, repository: str, ref: str) -> Commit:
@@ -274,7 +277,8 @@ class HookedStore(MemoryStore):
         with self._lock:  # the hook runs inside lakeFS's branch update: one step with it
             expected = metadata.get("perago.expected_head")
             head = self.branch_head(repository, destination)
-            if expected and head != expected:
+            hooked = self.runs_hooks and installed(self, repository, source)
+            if hooked and expected and head != expected:
                 raise ConflictError(
                     f"pre-merge hook: perago: destination head is {head}, expected {expected}",
                     status=412,
@@ -284,14 +288,30 @@ class HookedStore(MemoryStore):
             )
 
 
-@pytest.mark.parametrize("hook", [True, False], ids=["hook", "no-hook"])
-def test_members_hand_the_head_on_only_when_the_hook_guards_their_merges(
-    tmp_path: Path, hook: bool
+def _group_of(publisher: Publisher, members: int) -> None:
+    """Wait until ``members`` publications share the branch's grant (a member hands its
+    head on only to siblings that joined before its merge)."""
+    groups = publisher._groups
+    assert groups is not None
+    with groups._changed:
+        assert groups._changed.wait_for(
+            lambda: len(getattr(groups._groups.get(("r", "main")), "members", {})) >= members,
+            timeout=10,
+        ), "the members never shared one grant"
+
+
+@pytest.mark.parametrize(
+    ("hook", "runs_hooks"),
+    [(True, True), (True, False), (False, True)],
+    ids=["hook-run", "hook-file-not-run", "no-hook"],
+)
+def test_members_hand_on_the_head_lakefs_made_with_or_without_the_hook(
+    tmp_path: Path, hook: bool, runs_hooks: bool
 ) -> None:
-    """With the hook in the input ref's tree, a member fences on the head the previous
-    member's merge made instead of reading it (a read per grant, not per publication);
-    without it every member reads the head. Either way each part lands once."""
-    store = HookedStore()
+    """A member fences on the merge commit the previous member read back instead of
+    reading the head (about a head read per grant, not per publication), whether or not a
+    hook guards the merges; each part lands once."""
+    store = HookedStore(runs_hooks=runs_hooks)
     store.create_repository("r")
     if hook:
         install(store, "r", "main")
@@ -310,21 +330,22 @@ def test_members_hand_the_head_on_only_when_the_hook_guards_their_merges(
         tree = store.tree("r", str(results[me.task_id]))
         assert tree[f"parts/p={me.reference_name[1:]}/part.txt"] == me.reference_name.encode()
     assert leases.grants < len(parts)
-    if hook:
-        assert store.head_reads <= 2 * leases.grants + 1, store.head_reads
-    else:
-        assert store.head_reads >= len(parts)
+    assert store.head_reads <= 2 * leases.grants + 1, store.head_reads
 
 
-def test_a_foreign_commit_after_a_handed_over_head_is_refused_by_the_hook(
-    tmp_path: Path,
+@pytest.mark.parametrize("runs_hooks", [True, False], ids=["hook-run", "hook-file-not-run"])
+def test_a_foreign_commit_before_the_first_merge_of_a_group_is_never_published_over(
+    tmp_path: Path, runs_hooks: bool
 ) -> None:
-    """The member whose turn comes second fences on the head the first one's merge made;
-    a foreign commit lands right then. Its merge names the handed-over head, the hook
-    refuses (412), the member reads the head again, finds the foreign commit and fails
-    closed, as do the members after it (they read the head: no head was handed on); the
-    first member's publication and the foreign commit stay."""
-    store = HookedStore()
+    """Issue 38's reproduction: the hook's file is in the tree, four disjoint members share
+    a grant, and a foreign commit lands between the first member's publish fence and its
+    merge. Whether or not lakeFS runs the hook, no member completes: with the hook the
+    first merge is refused (412), without it the first merge lands on the foreign commit
+    and its post-publish check fails it; that merge hands nothing on (its first parent is
+    not the head its fence saw), so the others read the head, see the foreign commit and
+    fail closed. Handing on a merge commit built from the fence's head instead lets the
+    second member complete over the foreign commit."""
+    store = HookedStore(runs_hooks=runs_hooks)
     store.create_repository("r")
     install(store, "r", "main")
     base = store.branch_head("r", "main")
@@ -341,6 +362,53 @@ def test_a_foreign_commit_after_a_handed_over_head_is_refused_by_the_hook(
         if boundary is not Boundary.AFTER_PUBLISH_FENCE:
             return
         fences[0] += 1
+        if fences[0] == 1:  # the first turn, before its merge
+            _group_of(publisher, len(parts))
+            store.upload_bytes("r", "main", "elsewhere/foreign.txt", b"someone else")
+            foreign.append(store.commit("r", "main", message="foreign", metadata={}))
+
+    remove = steps.observe(land_foreign)
+    try:
+        results = _publish_all(publisher, parts, base, tmp_path)
+    finally:
+        remove()
+    assert all(isinstance(r, PublishFenceError) for r in results.values()), results
+    history = store.log("r", "main", amount=20)
+    assert foreign[0].id in {c.id for c in history}  # never replaced
+    over = history[: [c.id for c in history].index(foreign[0].id)]
+    # Without the hook, the first member's merge landed on it (and failed its check).
+    assert len(over) == (0 if runs_hooks else 1), [c.message for c in over]
+
+
+@pytest.mark.parametrize("runs_hooks", [True, False], ids=["hook-run", "hook-file-not-run"])
+def test_a_foreign_commit_after_a_handed_over_head_is_refused(
+    tmp_path: Path, runs_hooks: bool
+) -> None:
+    """The member whose turn comes second fences on the head the first one's merge made;
+    a foreign commit lands right then. With the hook its merge names the handed-over head
+    and is refused (412): it reads the head again, finds the foreign commit and fails
+    closed. Without the hook its merge lands on the foreign commit and the post-publish
+    check fails it. The members after it read the head (nothing was handed on) and fail
+    closed; the first member's publication and the foreign commit stay."""
+    store = HookedStore(runs_hooks=runs_hooks)
+    store.create_repository("r")
+    install(store, "r", "main")
+    base = store.branch_head("r", "main")
+    parts = [ident(f"p{i}", f"parts/p={i}/") for i in range(4)]
+    publisher = Publisher(
+        store,
+        _FlippingLedger([snap(p) for p in parts], ""),
+        worker_id="w",
+        leases=CountingLeases(),
+    )
+    fences, foreign = [0], []
+
+    def land_foreign(boundary: Boundary) -> None:
+        if boundary is not Boundary.AFTER_PUBLISH_FENCE:
+            return
+        fences[0] += 1
+        if fences[0] == 1:
+            _group_of(publisher, len(parts))
         if fences[0] == 2:  # the second turn: after the first member's merge
             store.upload_bytes("r", "main", "elsewhere/foreign.txt", b"someone else")
             foreign.append(store.commit("r", "main", message="foreign", metadata={}))
@@ -352,7 +420,11 @@ def test_a_foreign_commit_after_a_handed_over_head_is_refused_by_the_hook(
         remove()
     failed = [r.message for r in results.values() if isinstance(r, PublishFenceError)]
     assert len(failed) == 3, results  # every member after the foreign commit fails closed
-    assert sum("destination head is" in m for m in failed) == 1, failed  # the handed head
+    second = "destination head is" if runs_hooks else "post-publish check"
+    assert sum(second in m for m in failed) == 1, failed
     history = store.log("r", "main", amount=20)
     assert foreign[0].id in {c.id for c in history}  # never replaced
-    assert sum(c.metadata.get("perago.kind") == "publication" for c in history) == 1
+    over = history[: [c.id for c in history].index(foreign[0].id)]
+    assert len(over) == (0 if runs_hooks else 1), [c.message for c in over]
+    publications = [c for c in history if c.metadata.get("perago.kind") == "publication"]
+    assert len(publications) == 1 + len(over)
