@@ -53,6 +53,12 @@ SUITE: tuple[tuple[str, FanoutConfig], ...] = (
         FanoutConfig(steps="AB", retried="A", hooks=(True,), group=True),
     ),
     (
+        "group commit: disjoint pair in one worker process, A retried, no-op bodies, foreign "
+        "writer, the hook's file in the tree but lakeFS runs no hooks (the head is handed on "
+        "from the merge commit read back)",
+        FanoutConfig(steps="AB", retried="A", hooks=(True,), hooks_run=False, group=True),
+    ),
+    (
         "group commit: overlapping pair in one worker process, A retried, no-op bodies, "
         "foreign writer, hook off and on",
         FanoutConfig(steps="AC", retried="A", group=True),
@@ -89,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-noop", action="store_true", help="bodies never produce an empty diff")
     p.add_argument("--no-foreign", action="store_true", help="no foreign writer")
     p.add_argument("--hook", action="store_true", help="also explore with the hook installed")
+    p.add_argument(
+        "--hooks-not-run",
+        action="store_true",
+        help="with --hook: its file is in the tree but lakeFS runs no hooks",
+    )
     p.add_argument("--crashes", action="store_true", help="workers may die after any step")
     p.add_argument(
         "--group", action="store_true", help="group commit: the attempts share one process"
@@ -117,6 +128,7 @@ def _one(args: argparse.Namespace, drops: frozenset[str]) -> FanoutConfig:
             noop=not args.no_noop,
             foreign="off" if args.no_foreign else "outside-reset",
             hooks=(False, True) if args.hook else (False,),
+            hooks_run=not args.hooks_not_run,
             crashes=args.crashes,
             group=args.group,
             drops=drops,
@@ -148,6 +160,8 @@ def _drop_table(base: frozenset[str]) -> int:
             runs = configs
             if mechanism in GROUP_MECHANISMS:  # baselines hold with the group as without
                 runs = [replace(c, group=True) for c in configs]
+            if mechanism == "handoff-readback":  # what it guards against: a hook not run
+                runs = [replace(c, hooks=(True,), hooks_run=False) for c in runs]
             dropped = [replace(c, drops=base | {mechanism}) for c in runs]
             table.append((mechanism, list(pool.map(explore, dropped))))
     for result in baselines:

@@ -45,12 +45,13 @@ MECHANISMS: dict[str, str] = {
     "group-scope": "group commit admits any publication into a group, whatever its scope and "
     "step (an overlapping writer or another attempt of a member's step shares the grant)",
     "turnstile": "group members read the head, decide and merge or reset without taking turns",
-    "handoff-hook": "a group member hands the head its merge made (a commit it builds from "
-    "the head its fence saw) to the next member's turn even when the expected-head hook "
-    "does not guard the merge",
+    "handoff-readback": "a group member hands the next member's turn the merge commit as it "
+    "builds it (first parent: the head its fence saw) whenever the hook's file is in the "
+    "tree, instead of the commit lakeFS made, read back and checked to sit on that head "
+    "(the code before issue 38)",
 }
 #: Mechanisms of group commit: ``--drops`` checks them on configurations with ``group``.
-GROUP_MECHANISMS = frozenset({"group-scope", "turnstile", "handoff-hook"})
+GROUP_MECHANISMS = frozenset({"group-scope", "turnstile", "handoff-readback"})
 
 FOREIGN_MODES = ("off", "outside-reset")
 #: Isolation of a step's named inputs read from the target branch (issue 25).
@@ -76,6 +77,9 @@ class FanoutConfig:
     #: ``outside-reset``: one foreign commit at any moment except inside a reset window.
     foreign: str = "outside-reset"
     hooks: tuple[bool, ...] = (False, True)
+    #: lakeFS runs the hook when its file is in the tree; False: the file is there but
+    #: lakeFS runs no hooks (``actions.enabled: false``, a hook that fails to load).
+    hooks_run: bool = True
     #: Every writer of a fork pins the fork's input ref r0 (the documented pattern); False:
     #: no step's input names a ref, so each attempt starts from the branch head (or from its
     #: earlier attempt's input ref, ``unpinned_input_ref``). Both: two initial states.
@@ -176,6 +180,8 @@ class FanoutConfig:
 
     def describe(self) -> str:
         hook = "off and on" if len(set(self.hooks)) > 1 else "on" if self.hooks[0] else "off"
+        if not self.hooks_run:
+            hook += " (its file only: lakeFS runs no hooks)"
         scopes = ", ".join(f"{n} {STEPS[n]}" for n in self.steps)
         pins = {True: "pinned to r0", False: "unpinned"}
         reads = [f"{n} reads {f}" for n, f in self.reads]

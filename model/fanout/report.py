@@ -43,6 +43,8 @@ def summary(cfg: FanoutConfig, s: State) -> str:
 
 def format_counterexample(cfg: FanoutConfig, cx: Counterexample) -> str:
     hook = "installed" if cx.initial.hook else "not installed"
+    if cx.initial.hook and not cfg.hooks_run:
+        hook += " (lakeFS runs no hooks)"
     pins = "every writer pins r0" if cx.initial.pinned else "no writer's input names a ref"
     reads = "".join(f"; {n} reads {f} ({cfg.isolation})" for n, f in cfg.reads)
     lines = [
@@ -103,7 +105,7 @@ def _unreachable(cfg: FanoutConfig) -> frozenset[str]:
         out.add("tag")
     if not cfg.noop:
         out |= {"noop_lease", "noop_fence", "noop_decide"}
-    if cfg.hooks == (False,) or not cfg.has("hook"):
+    if cfg.hooks == (False,) or not cfg.has("hook") or not cfg.hooks_run:
         out.add("refence")
     scopes = [cfg.scope(i) for i in range(len(cfg.steps))]
     disjoint = any(not overlaps(a, b) for a in scopes for b in scopes)

@@ -423,7 +423,7 @@ def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
         label = f"guarded merge refused: {why}"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
     scoped = a.source == private_slot(slot)
-    if s.hook and s.head != a.seen:
+    if s.hook and cfg.hooks_run and s.head != a.seen:
         label = "merge rejected by lakeFS: 412 expected-head hook: the head moved"
         if scoped:
             return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
@@ -449,7 +449,7 @@ def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
         input_ref=a.input_ref,
     )
     moved = s._replace(commits=commits, head=into, heads=s.heads | 1 << into)
-    handing = _handing(cfg, moved, slot, a, into) if not scoped else None
+    handing = _handing(cfg, moved, slot, a, into, s.head) if not scoped else None
     landed = (
         f"merges {ref_name(cfg, a.source)} onto {ref_name(cfg, s.head)}: head {ref_name(cfg, into)}"
     )
@@ -470,13 +470,17 @@ def _merge(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transitio
     return out
 
 
-def _handing(cfg: FanoutConfig, s: State, slot: int, a: Attempt, into: int) -> State | None:
-    """``GroupMember.leave_head``: in its turn, a member whose merge the hook guarded hands
-    the head it made (built with the head its fence saw as first parent) to the next turn;
-    None when it does not."""
+def _handing(
+    cfg: FanoutConfig, s: State, slot: int, a: Attempt, into: int, under: int
+) -> State | None:
+    """``Publisher._hand_on``: in its turn, a member hands the merge commit it read back to
+    the next turn, only when its first parent (``under``, the head the merge landed on) is
+    the head its fence saw; None when it does not. Without ``handoff-readback``, as the code
+    before issue 38: it hands on the commit as it builds it (first parent: the head its
+    fence saw) whenever the hook's file is in the tree, whether or not lakeFS runs it."""
     if not (cfg.group and cfg.leases and cfg.has("turnstile") and a.leased):
         return None
-    if not (s.hook or not cfg.has("handoff-hook")):
+    if (under != a.seen) if cfg.has("handoff-readback") else not s.hook:
         return None
     held = s.leases[_key(cfg, slot)]
     if held.holder != a.grant or held.turn != slot:
