@@ -42,14 +42,36 @@ __all__ = ["Worker"]
 log = structlog.get_logger("perago.worker")
 
 
+#: A delivery's key: Conductor may deliver a task id again (its sweeper re-queues a task a
+#: poll has just taken) while the earlier delivery still runs; the poll count tells them apart.
+DeliveryKey = tuple[str, int]
+
+
 @dataclass
-class _InFlight:
+class _Delivery:
+    """One delivery of a task on this worker, from its poll to its report: what the worker
+    counts in flight and waits for on drain, what it interrupts, extends and reports for.
+
+    Keyed by (task id, poll count), as the attempt records are (``DeliveryKey``)."""
+
     snapshot: TaskSnapshot
-    control: AttemptControl = field(default_factory=AttemptControl)
+    control: AttemptControl
+    updates: TaskUpdates
     #: A plain attempt's thread (its ident once it runs); an async attempt's place instead.
     ident: int = 0
     running: Running | None = None
     started: float = field(default_factory=time.monotonic)
+    #: The attempt record (a restart after a crash fails what it names), once written.
+    record: Any = None
+    after_report: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    stop_extending: threading.Event = field(default_factory=threading.Event)
+    #: Where the attempt is, for the log of an interrupted one: run, report, after report.
+    step: str = "run"
+    trace: tracing.AttemptTrace | None = None
+
+    @property
+    def key(self) -> DeliveryKey:
+        return (self.snapshot.task_id, self.snapshot.poll_count)
 
     def interrupt(self) -> None:
         """The drain's last resort: an asynchronous exception, or the async body cancelled."""
@@ -57,19 +79,6 @@ class _InFlight:
             self.running.interrupt()
         else:
             _raise_in_thread(self.ident, WorkerShutdown)
-
-
-@dataclass
-class _Session:
-    """What an attempt keeps between its start and its report."""
-
-    snapshot: TaskSnapshot
-    updates: TaskUpdates
-    record: Any
-    after_report: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-    stop_extending: threading.Event = field(default_factory=threading.Event)
-    step: str = "run"
-    trace: tracing.AttemptTrace | None = None
 
 
 def task_domain(defn: TaskDefinition[Any, Any], settings: Settings) -> str | None:
@@ -117,7 +126,7 @@ class Worker:
         self._leases = leases
         self._runner = AttemptRunner(store, orchestrator, settings, spark=spark, leases=leases)
         self._records = AttemptRecords(settings.work_dir)
-        self._inflight: dict[str, _InFlight] = {}
+        self._inflight: dict[DeliveryKey, _Delivery] = {}
         self._lock = threading.Condition()
         self._draining = threading.Event()
         self._force = threading.Event()
@@ -328,25 +337,35 @@ class Worker:
         return min(free, limit - running)
 
     def _start(self, snapshot: TaskSnapshot) -> None:
+        delivery = self._delivery(snapshot)
         if self._tasks[snapshot.task_type].is_async:
             bodies = self._async_bodies()
-            item = _InFlight(snapshot, self._control(), running=Running(bodies.loop))
+            delivery.running = Running(bodies.loop)
             with self._lock:
-                self._inflight[snapshot.task_id] = item
-            bodies.submit(self._attempt_async(item))
+                self._inflight[delivery.key] = delivery
+            bodies.submit(self._attempt_async(delivery))
             return
         thread = threading.Thread(
             target=self._attempt,
-            args=(snapshot,),
-            name=f"perago-attempt-{snapshot.task_id}",
+            args=(delivery,),
+            name=f"perago-attempt-{snapshot.task_id}-p{snapshot.poll_count}",
             daemon=True,
         )
         with self._lock:
-            self._inflight[snapshot.task_id] = _InFlight(snapshot, self._control())
+            self._inflight[delivery.key] = delivery
         thread.start()
 
-    def _control(self) -> AttemptControl:
-        return AttemptControl(on_body_end=self._body_ended)
+    def _delivery(self, snapshot: TaskSnapshot) -> _Delivery:
+        control = AttemptControl(on_body_end=self._body_ended)
+        worker_id = self._settings.worker_id
+        updates = TaskUpdates(
+            snapshot,
+            extend=lambda: self._orchestrator.extend(
+                snapshot, worker_id=worker_id, progress=control.take_note()
+            ),
+            read=lambda: self._orchestrator.get_task(snapshot.task_id),
+        )
+        return _Delivery(snapshot, control, updates)
 
     def _async_bodies(self) -> AsyncBodies:
         """The event loop of this worker's ``async def`` bodies, made on first use."""
@@ -356,62 +375,62 @@ class Worker:
 
     # -- one attempt ---------------------------------------------------------------------------
 
-    def _attempt(self, snapshot: TaskSnapshot) -> None:
+    def _attempt(self, delivery: _Delivery) -> None:
         """A plain attempt, start to report, on its own thread."""
+        snapshot = delivery.snapshot
         with self._lock:
-            item = self._inflight[snapshot.task_id]
-            item.ident = threading.get_ident()
-        session = self._open(item)
+            delivery.ident = threading.get_ident()
+        self._open(delivery)
         threading.Thread(
             target=self._extend_response_timeout,
-            args=(session, item.control),
+            args=(delivery,),
             daemon=True,
-            name=f"perago-extend-{snapshot.task_id}",
+            name=f"perago-extend-{snapshot.task_id}-p{snapshot.poll_count}",
         ).start()
         try:
             try:
-                with tracing.tracing(session.trace):
+                with tracing.tracing(delivery.trace):
                     finished = self._runner.run(
                         self._tasks[snapshot.task_type],
                         snapshot,
-                        after_report=session.after_report,
-                        control=item.control,
+                        after_report=delivery.after_report,
+                        control=delivery.control,
                     )
             except WorkerShutdown as e:
                 finished = Finished(outcome_of(e, where="run"))
             except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
                 finished = _crashed(snapshot, e)
-            self._conclude(session, finished)
+            self._conclude(delivery, finished)
         except Interrupt as e:
-            _interrupted(session, e)
+            _interrupted(delivery, e)
         finally:
-            self._close(session)
+            self._close(delivery)
 
-    async def _attempt_async(self, item: _InFlight) -> None:
+    async def _attempt_async(self, delivery: _Delivery) -> None:
         """An attempt of an ``async def`` body: its body awaited on the worker's loop, its
         other steps and its report on the loop's thread pool."""
-        bodies, snapshot = self._async_bodies(), item.snapshot
-        assert item.running is not None
-        session = self._open(item)
-        extender = bodies.loop.create_task(self._extend_async(session, item.control))
+        bodies, snapshot = self._async_bodies(), delivery.snapshot
+        assert delivery.running is not None
+        self._open(delivery)
+        extender = bodies.loop.create_task(self._extend_async(delivery))
         try:
             try:
                 steps = self._runner.steps(
                     self._tasks[snapshot.task_type],
                     snapshot,
-                    after_report=session.after_report,
-                    control=item.control,
+                    after_report=delivery.after_report,
+                    control=delivery.control,
                 )
-                name = f"perago-body-{snapshot.task_id}"
-                with tracing.tracing(session.trace):  # drive() copies this context
-                    finished = await bodies.drive(steps, item.running, name)
+                name = f"perago-body-{snapshot.task_id}-p{snapshot.poll_count}"
+                with tracing.tracing(delivery.trace):  # drive() copies this context
+                    finished = await bodies.drive(steps, delivery.running, name)
             except WorkerShutdown as e:
                 finished = Finished(outcome_of(e, where="run"))
             except Exception as e:  # noqa: BLE001 - never a dead attempt without a report
                 finished = _crashed(snapshot, e)
-            await bodies.step(item.running, self._conclude, session, finished)
+            await bodies.step(delivery.running, self._conclude, delivery, finished)
         except Interrupt as e:
-            _interrupted(session, e)
+            _interrupted(delivery, e)
         except BaseException as e:  # noqa: BLE001 - nobody awaits this coroutine: log it
             log.error(
                 "attempt_crashed",
@@ -421,77 +440,68 @@ class Worker:
             )
         finally:
             extender.cancel()
-            await bodies.blocking(self._close, session)
+            await bodies.blocking(self._close, delivery)
 
-    def _open(self, item: _InFlight) -> _Session:
-        snapshot, control = item.snapshot, item.control
+    def _open(self, delivery: _Delivery) -> None:
+        snapshot = delivery.snapshot
         metrics.IN_FLIGHT.inc()
-        worker_id = self._settings.worker_id
-        updates = TaskUpdates(
-            snapshot,
-            extend=lambda: self._orchestrator.extend(
-                snapshot, worker_id=worker_id, progress=control.take_note()
-            ),
-            read=lambda: self._orchestrator.get_task(snapshot.task_id),
-        )
         # Kept until the report is sent: a restart after a crash fails what it names (recovery);
         # an attempt interrupted before that keeps it, which is right: it was not reported.
         # The attempt directory goes after the report, before the record (recovery removes
         # what a crash in between leaves).
-        record = self._records.add(snapshot, worker_id=worker_id)
-        trace = tracing.begin(
+        delivery.record = self._records.add(snapshot, worker_id=self._settings.worker_id)
+        delivery.trace = tracing.begin(
             task_type=snapshot.task_type,
             workflow_id=snapshot.workflow_id,
             task_id=snapshot.task_id,
             step=snapshot.reference_name,
             retry_count=snapshot.retry_count,
         )
-        return _Session(snapshot, updates, record, trace=trace)
 
-    def _conclude(self, session: _Session, finished: Finished) -> None:
+    def _conclude(self, delivery: _Delivery, finished: Finished) -> None:
         """Report the outcome, then remove the attempt's directory and record."""
-        session.stop_extending.set()
-        metrics.ATTEMPTS.labels(session.snapshot.task_type, finished.outcome.status).inc()
-        session.step = "report"
-        if session.trace is not None:
-            session.trace.phase("report")
-        self._report(session.snapshot, finished, session.updates)
-        if session.trace is not None:
-            session.trace.end(finished.outcome.status, finished.outcome.reason)
-        session.step = "after report"
-        session.after_report.close()
-        self._records.remove(session.record)
+        delivery.stop_extending.set()
+        metrics.ATTEMPTS.labels(delivery.snapshot.task_type, finished.outcome.status).inc()
+        delivery.step = "report"
+        if delivery.trace is not None:
+            delivery.trace.phase("report")
+        self._report(delivery.snapshot, finished, delivery.updates)
+        if delivery.trace is not None:
+            delivery.trace.end(finished.outcome.status, finished.outcome.reason)
+        delivery.step = "after report"
+        delivery.after_report.close()
+        self._records.remove(delivery.record)
         steps.reached(Boundary.AFTER_COMPLETE)
 
-    def _close(self, session: _Session) -> None:
-        if session.trace is not None:  # ended in its report already, unless interrupted
-            session.trace.end("INTERRUPTED", f"interrupted at {session.step}")
-        session.stop_extending.set()
-        session.after_report.close()
+    def _close(self, delivery: _Delivery) -> None:
+        if delivery.trace is not None:  # ended in its report already, unless interrupted
+            delivery.trace.end("INTERRUPTED", f"interrupted at {delivery.step}")
+        delivery.stop_extending.set()
+        delivery.after_report.close()
         metrics.IN_FLIGHT.dec()
         with self._lock:
-            self._inflight.pop(session.snapshot.task_id, None)
+            self._inflight.pop(delivery.key, None)
             self._lock.notify_all()
 
-    def _extend_response_timeout(self, session: _Session, control: AttemptControl) -> None:
+    def _extend_response_timeout(self, delivery: _Delivery) -> None:
         """Tell the orchestrator every third of the response timeout that the attempt lives
         (with the body's newest progress note), then read the task back: cancel the body
         once Conductor no longer counts on this attempt, or when the response timeout is
         about to run out because no extension got through."""
-        extension = _Extension(self, session, control)
-        while extension.every and not session.stop_extending.wait(extension.every):
+        extension = _Extension(self, delivery)
+        while extension.every and not delivery.stop_extending.wait(extension.every):
             if not extension.once():
                 return
 
-    async def _extend_async(self, session: _Session, control: AttemptControl) -> None:
+    async def _extend_async(self, delivery: _Delivery) -> None:
         """:meth:`_extend_response_timeout` for an async attempt: a task on the loop, the
         requests on the loop's call pool (the attempt's report cancels it)."""
         import asyncio
 
-        extension, bodies = _Extension(self, session, control), self._async_bodies()
+        extension, bodies = _Extension(self, delivery), self._async_bodies()
         while extension.every:
             await asyncio.sleep(extension.every)
-            if session.stop_extending.is_set() or not await bodies.call(extension.once):
+            if delivery.stop_extending.is_set() or not await bodies.call(extension.once):
                 return
 
     def _report(self, snapshot: TaskSnapshot, finished: Finished, updates: TaskUpdates) -> None:
@@ -526,15 +536,18 @@ class Worker:
                 landed = updates.report(outcome.status, send)
             except (LeaseLostError, LeaseExpiringError) as e:
                 # Another delivery of this task id holds the branch now: whatever this one
-                # published, its COMPLETED might contradict the branch.
-                metrics.REPORT_PROBLEMS.labels("report_lease_lost").inc()
+                # published, its COMPLETED might contradict the branch. FAILED, unless that
+                # delivery is live: then nothing (one rule, ``_delivered_again``).
                 log.warning("guarded_report_refused", error=str(e), **fields)
+                fields["status"] = "FAILED"
+                if self._delivered_again(snapshot, fields):
+                    return
+                metrics.REPORT_PROBLEMS.labels("report_lease_lost").inc()
                 failed = Outcome(
                     "FAILED",
                     reason=f"the branch lease was lost before the COMPLETED report ({e}); the "
                     "retry decides from the branch",
                 )
-                fields["status"] = "FAILED"
                 landed = updates.report(
                     "FAILED",
                     lambda: self._orchestrator.report(snapshot, failed, worker_id=worker_id),
@@ -559,13 +572,16 @@ class Worker:
         log.warning("report_not_shown", landing=landed.value, **fields)
 
     def _delivered_again(self, snapshot: TaskSnapshot, fields: dict[str, Any]) -> bool:
-        """Skip a failure's report when Conductor delivered the task id again to a delivery
-        still running it (``report.delivered_again``).
+        """The one rule for a superseded delivery: it sends no FAILED (after a failed
+        attempt, or after its lease was lost before a COMPLETED) when Conductor delivered
+        the task id again to a delivery still running it (``report.delivered_again``): that
+        FAILED would end the task under the live delivery and spend a retry.
 
         Conductor 3.32.3's sweeper re-queues a task it reads as SCHEDULED while a poll has
         just taken it (``WorkflowSweeper.sweep``), so a wide fan-out sees such deliveries.
         A report skipped is what a worker that died before reporting leaves, which both
-        models explore after every step.
+        models explore after every step. Counted as ``report_skipped_delivered_again``
+        (``report_superseded`` is a report sent that Conductor then showed as another's).
         """
         try:
             now = self._orchestrator.get_task(snapshot.task_id)
@@ -574,7 +590,7 @@ class Worker:
         if not delivered_again(now, snapshot):
             return False
         assert now is not None
-        metrics.REPORT_PROBLEMS.labels("report_superseded").inc()
+        metrics.REPORT_PROBLEMS.labels("report_skipped_delivered_again").inc()
         log.warning(
             "report_skipped_delivered_again",
             poll_count=snapshot.poll_count,
@@ -623,9 +639,9 @@ LOSING_TIMEOUT_SHARE = 0.8
 class _Extension:
     """One attempt's response-timeout extensions, one at a time (:meth:`once`)."""
 
-    def __init__(self, worker: Worker, session: _Session, control: AttemptControl) -> None:
-        self._worker, self._session, self._control = worker, session, control
-        self.timeout = session.snapshot.response_timeout_seconds
+    def __init__(self, worker: Worker, delivery: _Delivery) -> None:
+        self._worker, self._delivery = worker, delivery
+        self.timeout = delivery.snapshot.response_timeout_seconds
         interval = worker._settings.extension_interval
         every = interval.total_seconds() if interval else max(1.0, self.timeout / 3)
         #: Seconds between extensions (0: the task has no response timeout to extend).
@@ -634,9 +650,9 @@ class _Extension:
 
     def once(self) -> bool:
         """Extend and read the task back; False once there is nothing more to extend."""
-        snapshot, control = self._session.snapshot, self._control
+        snapshot, control = self._delivery.snapshot, self._delivery.control
         try:
-            if not self._session.updates.extend():
+            if not self._delivery.updates.extend():
                 return False
             self._extended = time.monotonic()
             metrics.TIMEOUT_EXTENSIONS.labels("ok").inc()
@@ -654,7 +670,7 @@ class _Extension:
                     f"{self.timeout:.0f} s; Conductor will retry the task"
                 )
             return True
-        if self._session.stop_extending.is_set():
+        if self._delivery.stop_extending.is_set():
             return False
         lost = _no_longer_ours(snapshot, now)
         if lost:
@@ -695,18 +711,18 @@ def _crashed(snapshot: TaskSnapshot, e: Exception) -> Finished:
     )
 
 
-def _interrupted(session: _Session, e: Interrupt) -> None:
+def _interrupted(delivery: _Delivery, e: Interrupt) -> None:
     """The drain interrupted the attempt in its report (or after it): without a report
     Conductor times the attempt out and retries it; the retry decides from HEAD."""
-    snapshot = session.snapshot
+    snapshot = delivery.snapshot
     metrics.REPORT_PROBLEMS.labels("interrupted").inc()
     log.warning(
         "attempt_interrupted",
-        reported=session.step == "after report",
+        reported=delivery.step == "after report",
         workflow_id=snapshot.workflow_id,
         task_id=snapshot.task_id,
         retry_count=snapshot.retry_count,
-        step=session.step,
+        step=delivery.step,
         interrupt=type(e).__name__,
     )
 

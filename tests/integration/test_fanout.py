@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 
+from perago import config
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.failpoints import POINTS
 from perago.publish.expected_head_hook import install
+from perago_dev.stack import lakefs_beside
 
 from .harness import (
     attempt_spans,
@@ -192,6 +194,76 @@ def test_a_foreign_commit_after_a_group_member_handed_the_head_on_is_refused(
     assert head.id == foreign.id  # never replaced, nothing published on top of it
     assert head.parents[0] == done[winner]["outputData"]["workspace"]["ref"]
     assert_clean(store, repo, env, {winner})
+
+
+def test_a_foreign_commit_before_a_group_merge_fails_closed_on_a_lakefs_that_runs_no_hooks(
+    make_env: Callable[..., dict[str, str]],
+    conductor: ConductorClient,
+    stack_env: dict[str, str],
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 38 on real servers: a second lakeFS with ``actions.enabled: false`` and a
+    repository with the hook's file (it never runs there). Two partitions share a grant; a
+    foreign commit lands after the first member's publish fence, before its merge. That
+    merge lands on the foreign commit, hands nothing on (its first parent is not the head
+    the fence saw) and fails its post-publish check; the second member reads the head, sees
+    the foreign commit and fails closed. Nothing completes over the foreign commit. (With a
+    merge commit handed on as the member built it, the second completed over it.)"""
+    release = tmp_path / "release"
+    with lakefs_beside(tmp_path / "lakefs", actions=False) as endpoint:
+        other = LakeFSStore(
+            config.load(
+                env={
+                    **stack_env,
+                    "LAKECTL_SERVER_ENDPOINT_URL": endpoint,
+                    "PERAGO_WORK_DIR": str(tmp_path / "client"),
+                }
+            )
+        )
+        try:
+            repo = f"t-{unique}"
+            other.create_repository(repo)
+            assert install(other, repo, "main") is not None
+            env = make_env(
+                PERAGO_TEST_RETRIES="0",
+                LAKECTL_SERVER_ENDPOINT_URL=endpoint,
+                PERAGO_FAILPOINTS="after_publish_fence=pause:120@1",
+                PERAGO_FAILPOINTS_RELEASE=str(release),
+            )
+            name = f"pt_wf_nohooks_{unique}"
+            put_workflow(
+                conductor,
+                name,
+                fork(
+                    "split", [[part_task(unique, "left", "a")], [part_task(unique, "right", "b")]]
+                ),
+            )
+            wid = start(conductor, name, repo, ref=other.branch_head(repo, "main"))
+            with worker(env, tmp_path / "w.log", concurrency=2) as w:
+                w.wait_for("failpoint_hit", failpoint="after_publish_fence")
+                w.wait_for("branch_lease_joined")
+                f = tmp_path / "foreign.txt"
+                f.write_text("someone else")
+                other.upload(repo, "main", "elsewhere/foreign.txt", f)
+                foreign = other.commit(repo, "main", message="foreign writer", metadata={})
+                release.touch()
+                wf = wait_workflow(conductor, wid)
+            assert wf["status"] == "FAILED"
+            done = {r: attempts(wf, r)[-1] for r in ("left", "right")}
+            assert all(t["status"] == "FAILED" for t in done.values()), {
+                r: (t["status"], t.get("reasonForIncompletion")) for r, t in done.items()
+            }
+            reasons = " | ".join(t["reasonForIncompletion"] for t in done.values())
+            assert "post-publish check" in reasons, reasons
+            history = other.log(repo, "main", amount=20)
+            ids = [c.id for c in history]
+            assert foreign.id in ids  # never replaced
+            over = history[: ids.index(foreign.id)]
+            # Only the first member's merge landed on it (and failed its check).
+            assert [c.metadata.get("perago.kind") for c in over] == ["publication"], over
+        finally:
+            other.close()
 
 
 def test_dynamic_fork_over_8_partitions_with_2_workers(

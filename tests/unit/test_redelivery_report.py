@@ -79,14 +79,18 @@ def test_a_delivery_superseded_by_a_live_one_does_not_fail_the_task(
     ws = {"repository": "repo", "branch": "main"}
     with running_worker(
         [writer], store=store, orchestrator=stub, work_dir=tmp_path / "w", concurrency=2
-    ):
+    ) as worker:
         task_id = stub.submit("rd_writer", {"workspace": ws, "params": {"n": 1}}, workflow_id="f")
         assert deliveries.held[0].wait(20)
         stub.redeliver(task_id)
         assert deliveries.held[1].wait(20)  # both deliveries of the task id are running
+        assert worker.in_flight() == 2  # two deliveries, two attempts in flight
         deliveries.release[0].set()  # the first fails fence #2: delivered again
         deliveries.threads[0].join(20)
+        assert not deliveries.threads[0].is_alive()
         assert stub.task(task_id).status == "IN_PROGRESS"  # not failed under the second
+        # The second still runs: drain would wait for it, no third attempt takes its place.
+        assert worker.in_flight() == 1
         deliveries.release[1].set()
         stub.wait_for(lambda s: s.settled("f"))
     final = stub.final("f")

@@ -39,15 +39,23 @@ class Runner:
         return Finished(self.action, self.lease)
 
 
-def _attempt(conductor: StubOrchestrator, runner: Runner, tmp_path: Path) -> None:
+def _attempt(
+    conductor: StubOrchestrator, runner: Runner, tmp_path: Path, *, delivered_again: bool = False
+) -> None:
+    """One delivery run to its report; ``delivered_again``: Conductor delivered its task id
+    again (to a delivery that lives on, not run here) before it reports."""
     settings = config.load(env={"PERAGO_WORK_DIR": str(tmp_path)})
     w = Worker([_body], settings=settings, store=MemoryStore(), orchestrator=conductor)
     w._runner = runner  # type: ignore[assignment]
     conductor.submit("unit_report_task", {}, workflow_id="wf", reference_name="step")
     (delivery,) = conductor.poll("unit_report_task", worker_id=settings.worker_id, count=1)
+    if delivered_again:
+        conductor.redeliver(delivery.task_id)
+        (live,) = conductor.poll("unit_report_task", worker_id="another", count=1)
+        assert live.poll_count == delivery.poll_count + 1
     w._start(delivery)
     for t in threading.enumerate():
-        if t.name == f"perago-attempt-{delivery.task_id}":
+        if t.name == f"perago-attempt-{delivery.task_id}-p{delivery.poll_count}":
             t.join(10)
     assert w.in_flight() == 0
 
@@ -160,3 +168,35 @@ def test_a_delivery_that_lost_the_branch_lease_reports_failed_not_completed(
     assert _count("report_lease_lost") == before + 1
     assert any(e["event"] == "guarded_report_refused" for e in logs)
     assert leases.held("r", "main")  # p2's lease is untouched
+
+
+def test_a_delivery_that_lost_the_lease_to_a_live_delivery_sends_no_report(
+    tmp_path: Path,
+) -> None:
+    """One rule for a superseded report: when the task id is IN_PROGRESS under another
+    delivery, this one sends no FAILED (it would end the task under the live delivery and
+    spend a retry), after a lost lease as after a failed attempt; counted apart from the
+    lease lost with nobody else on the task (``report_lease_lost``)."""
+    leases, clock = _branch_leases()
+    held = leases.acquire("r", "main", "t0-p1")
+    leases.manager("r").is_expired(leases.manager("r").records()[0])
+    clock[0] += 10
+    leases.acquire("r", "main", "t0-p2")
+    skipped, lost = _count("report_skipped_delivered_again"), _count("report_lease_lost")
+    conductor = StubOrchestrator()
+    with structlog.testing.capture_logs() as logs:
+        _attempt(conductor, Runner(Outcome("COMPLETED"), held), tmp_path, delivered_again=True)
+    assert [u.outcome for u in conductor.reports() if u.outcome] == []
+    assert _count("report_skipped_delivered_again") == skipped + 1
+    assert _count("report_lease_lost") == lost
+    assert any(e["event"] == "report_skipped_delivered_again" for e in logs)
+
+
+def test_a_failed_delivery_superseded_by_a_live_one_sends_no_report(tmp_path: Path) -> None:
+    """The same rule for a FAILED outcome (tests/unit/test_redelivery_report.py runs it
+    through a whole worker)."""
+    skipped = _count("report_skipped_delivered_again")
+    conductor = StubOrchestrator()
+    _attempt(conductor, Runner(Outcome("FAILED", reason="x")), tmp_path, delivered_again=True)
+    assert [u.outcome for u in conductor.reports() if u.outcome] == []
+    assert _count("report_skipped_delivered_again") == skipped + 1
