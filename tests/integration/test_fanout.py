@@ -249,13 +249,18 @@ def test_a_foreign_commit_before_a_group_merge_fails_closed_on_a_lakefs_that_run
                 foreign = other.commit(repo, "main", message="foreign writer", metadata={})
                 release.touch()
                 wf = wait_workflow(conductor, wid)
+                w.wait_for("attempt_finished", task_ref="left")  # both members have ended
+                w.wait_for("attempt_finished", task_ref="right")
+                events = w.events()
             assert wf["status"] == "FAILED"
             done = {r: attempts(wf, r)[-1] for r in ("left", "right")}
-            assert all(t["status"] == "FAILED" for t in done.values()), {
-                r: (t["status"], t.get("reasonForIncompletion")) for r, t in done.items()
-            }
-            reasons = " | ".join(t["reasonForIncompletion"] for t in done.values())
-            assert "post-publish check" in reasons, reasons
+            assert all(t["status"] != "COMPLETED" for t in done.values()), done
+            assert not any(e.get("handed_over") for e in events), "a head was handed on"
+            failed = {e["task_ref"]: e["error"] for e in events if e["event"] == "attempt_failed"}
+            assert set(failed) == {"left", "right"}, failed
+            # One member's merge landed on the foreign commit and failed its check; the
+            # other read the head (nothing was handed on) and failed at its publish fence.
+            assert sum("post-publish check" in error for error in failed.values()) == 1, failed
             history = other.log(repo, "main", amount=20)
             ids = [c.id for c in history]
             assert foreign.id in ids  # never replaced
