@@ -113,6 +113,7 @@ class Worker:
         if duplicates:
             raise ConfigError(f"task names must be unique in one worker, repeated: {duplicates}")
         self._tasks = {t.name: t for t in tasks}
+        _check_isolation(tasks, settings)
         self._domains = {t.name: task_domain(t, settings) for t in tasks}
         self._limits = {
             t.name: settings.task_concurrency.get(t.name) or t.options.concurrency
@@ -677,6 +678,23 @@ class _Extension:
             control.cancel(lost)
             return False
         return True
+
+
+def _check_isolation(tasks: Sequence[TaskDefinition[Any, Any]], settings: Settings) -> None:
+    """Refuse serializable tasks without branch leases: the read-set check and the merge
+    after it are atomic only under the lease (the expected-head hook would make the merge
+    a compare-and-swap, but a worker cannot know that lakeFS runs it)."""
+    if settings.coord_backend != "none":
+        return
+    serializable = sorted(t.name for t in tasks if t.workspace.isolation == "serializable")
+    if serializable:
+        raise ConfigError(
+            f"task(s) {', '.join(serializable)} declare WorkspaceSpec(isolation="
+            '"serializable"), but PERAGO_COORD_BACKEND=none publishes without branch leases, '
+            "so an input could change between the read-set check and the merge. Set "
+            "PERAGO_COORD_BACKEND to a lease backend (lakefs, the default; s3, dynamodb, "
+            'put_and_verify) or declare isolation="snapshot"'
+        )
 
 
 def _flush_telemetry(seconds: float = 5.0) -> None:

@@ -461,3 +461,26 @@ def test_a_serializable_retry_after_a_lost_report_reads_the_new_input(
     tree = store.tree("repo", head.id)
     assert tree["reports/month=01/report.txt"] == b"5 rows; customers ann,bob"
     assert base != head.id
+
+
+@pytest.mark.parametrize("backend", ["none", "memory"])
+def test_a_serializable_task_without_branch_leases_is_refused_at_start_up(
+    tmp_path: Path, backend: str
+) -> None:
+    """Serializable needs the read-set check and the merge to be one step: without a lease
+    backend nothing makes them so (a hook may not run), so the worker refuses to start."""
+    from perago.config import load
+    from perago.errors import ConfigError
+    from perago.worker import Worker
+
+    settings = load(env={"PERAGO_WORK_DIR": str(tmp_path), "PERAGO_COORD_BACKEND": backend})
+    make = lambda: Worker(  # noqa: E731
+        [month_report_serializable], settings=settings, store=MemoryStore(), orchestrator=StubOrchestrator()
+    )
+    if backend == "memory":
+        make()
+        return
+    with pytest.raises(ConfigError) as e:
+        make()
+    assert "PERAGO_COORD_BACKEND=none" in e.value.message
+    assert 'isolation="snapshot"' in e.value.message and "month_report_serializable" in e.value.message
