@@ -126,16 +126,18 @@ class Settings(BaseModel):
         "overrides it); attempts that are only publishing count against "
         "`PERAGO_PUBLICATIONS_IN_FLIGHT` instead.",
     )
-    publications_in_flight: int = Field(
-        default=16,
+    publications_in_flight: int | None = Field(
+        default=None,
         ge=0,
         le=1024,
         description="Attempts whose body has finished and that are still publishing "
         "(uploading, waiting for the branch lease, merging, reporting) beyond "
         "`PERAGO_CONCURRENCY`: they do not hold a body's place, so a worker polls for the "
         "next body while fan-out siblings wait for the lease and then publish together. "
-        "0: an attempt holds its place until it has reported. Each keeps its workspace "
-        "until its report.",
+        "Default: the same as `PERAGO_CONCURRENCY`, so a worker holds at most twice its "
+        "concurrency in workspaces (the Helm chart's scratch size assumes so). 0: an "
+        "attempt holds its place until it has reported. Each keeps its workspace until "
+        "its report.",
     )
     poll_interval: timedelta = Field(
         default=timedelta(milliseconds=200),
@@ -388,6 +390,14 @@ class Settings(BaseModel):
     def _lakefs_base(cls, url: str) -> str:
         url = url.rstrip("/")
         return url.removesuffix("/api/v1")
+
+    @property
+    def publishing_places(self) -> int:
+        """Places for attempts that only publish: ``publications_in_flight``, or as many as
+        the concurrency when it is unset."""
+        if self.publications_in_flight is None:
+            return self.concurrency
+        return self.publications_in_flight
 
     @property
     def lakefs_api_url(self) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import types
+import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,11 @@ def _type(field: FieldInfo) -> str:
         kind = "path"
     elif isinstance(annotation, type):
         kind = annotation.__name__
+    elif typing.get_origin(annotation) in (types.UnionType, typing.Union) and (
+        len(args := [a for a in typing.get_args(annotation) if a is not type(None)]) == 1
+        and isinstance(args[0], type)
+    ):
+        kind = args[0].__name__  # optional: its default says what unset means
     else:
         kind = "JSON object"
     bounds = [
@@ -85,7 +92,7 @@ def _default(name: str, field: FieldInfo) -> str:
         return f"`{value.total_seconds():g}`"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
-    if value == "":
+    if value == "" or value is None:
         return "unset"
     return f"`{value}`"
 

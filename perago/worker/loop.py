@@ -170,7 +170,7 @@ class Worker:
             tasks=sorted(self._tasks),
             domains={n: d for n, d in sorted(self._domains.items()) if d},
             concurrency=self._settings.concurrency,
-            publications_in_flight=self._settings.publications_in_flight,
+            publications_in_flight=self._settings.publishing_places,
             task_concurrency=self._limits or None,
         )
         http = self._start_http()
@@ -316,7 +316,7 @@ class Worker:
         next bodies run while their siblings' publications wait to join a group commit.
         """
         bodies = sum(1 for f in self._inflight.values() if not f.control.body_ended)
-        total = self._settings.concurrency + self._settings.publications_in_flight
+        total = self._settings.concurrency + self._settings.publishing_places
         return min(self._settings.concurrency - bodies, total - len(self._inflight))
 
     def _body_ended(self) -> None:
