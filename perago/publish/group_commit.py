@@ -51,6 +51,8 @@ MAX_MEMBERS = 64
 MAX_SECONDS = 2.0
 #: How often the process's waiter for a busy lease reads its record.
 POLL_SECONDS = 0.1
+#: A member waiting for its turn wakes this often, so that the drain's interrupt reaches it.
+TURN_SLICE_SECONDS = 0.5
 
 
 class _Group:
@@ -61,7 +63,9 @@ class _Group:
         self.opened = opened
         self.members: dict[int, AttemptIdentity] = {}
         self.admitted = 0
-        self.turnstile = threading.Lock()
+        #: The member whose turn it is (None: nobody's), guarded by ``turns``.
+        self.turn: int | None = None
+        self.turns = threading.Condition()
         self.renewing = threading.Lock()
         #: The head the last member's merge made, read back (read and written in turns).
         self.head: Commit | None = None
@@ -93,6 +97,11 @@ class LeaseGroups:
         #: Branches one of this process's waiters is reading the lease record of.
         self._polling: set[tuple[str, str]] = set()
         self._next_id = 0
+
+    @property
+    def wait_seconds(self) -> float:
+        """How long a publication waits for the lease, or for its turn in a group."""
+        return self._leases.wait.total_seconds()
 
     def acquire(self, repository: str, branch: str, owner: str, me: AttemptIdentity) -> GroupMember:
         """Join the process's open group of the branch, or take the lease and open one;
@@ -209,7 +218,6 @@ class GroupMember:
         #: It joined a grant another publication took (else it took the lease itself).
         self.joined = joined
         self._left = False
-        self._turning = False
         self._handed: Commit | None = None
 
     @property
@@ -230,11 +238,28 @@ class GroupMember:
 
         A turn takes the head the previous member handed over, whatever it then does: after
         anything but a merge read back on its fence's head (a reset, a failure, a lost
-        answer) the next turn reads the head."""
-        self.group.turnstile.acquire()
-        self._turning = True
-        self._handed, self.group.head = self.group.head, None
+        answer) the next turn reads the head.
+
+        Waits up to the leases' ``wait`` (LeaseBusyError after it), in slices the drain's
+        interrupt can reach; the turn is taken and given back inside one ``try``, so an
+        interrupt anywhere leaves it to the next member."""
+        group, wait = self.group, self._groups.wait_seconds
         try:
+            with group.turns:
+                deadline = time.monotonic() + wait
+                while group.turn is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise LeaseBusyError(
+                            f"a publication sharing this worker's grant of the branch lease "
+                            f"held its turn for over {wait:.0f} s (PERAGO_LEASE_WAIT); nothing "
+                            "of this attempt was published, and Conductor retries it",
+                            holder=f"group member {group.turn}",
+                            token=group.lease.token,
+                        )
+                    group.turns.wait(min(left, TURN_SLICE_SECONDS))
+                group.turn = self.id
+                self._handed, group.head = group.head, None
             yield
         finally:
             self.end_turn()
@@ -262,9 +287,10 @@ class GroupMember:
 
     def end_turn(self) -> None:
         """End the turn early: the merge is done, what follows it only reads."""
-        if self._turning:
-            self._turning = False
-            self.group.turnstile.release()
+        with self.group.turns:
+            if self.group.turn == self.id:
+                self.group.turn = None
+                self.group.turns.notify()
 
     def release(self) -> None:
         """Leave the group; the last member to leave releases the grant before returning."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,7 @@ from perago.adapters.lakefs import LakeFSStore
 from perago.publish.expected_head_hook import install
 
 from .harness import (
+    WorkerProcess,
     attempts,
     one_step,
     publications,
@@ -49,15 +52,18 @@ def test_two_publications_from_one_input_ref_exactly_one_lands(
     """
     name = f"pt_wf_race_{unique}"
     one_step(conductor, name, f"pt_write_{unique}", {"files": "${workflow.input.files}"})
-    # both workers pause after the publish fence, so both saw head == input ref (4 s: on a
-    # loaded 2-core CI machine the second worker reached its fence 1.5 s after the first)
+    # Attempts pause after the publish fence until the round's release file exists: without
+    # leases both have passed their fence on head == input ref before either merges; with
+    # the lease the second has staged and waits for the lease while the first holds it.
+    release = tmp_path / "release"
     racing = {
         **env,
-        "PERAGO_FAILPOINTS": "after_publish_fence=pause:4",
+        "PERAGO_FAILPOINTS": "after_publish_fence=pause:120",
+        "PERAGO_FAILPOINTS_RELEASE": str(release),
         "PERAGO_COORD_BACKEND": leases,
     }
     outcomes = []
-    with worker(racing, tmp_path / "a.log"), worker(racing, tmp_path / "b.log"):
+    with worker(racing, tmp_path / "a.log") as a, worker(racing, tmp_path / "b.log") as b:
         for round_ in range(ROUNDS):
             input_ref = store.branch_head(repo, "main")
             ids = [
@@ -70,7 +76,15 @@ def test_two_publications_from_one_input_ref_exactly_one_lands(
                 )
                 for i in range(2)
             ]
+            hits = _wait_events([a, b], "failpoint_hit", ids, 1)
+            if leases == "none":
+                _wait_events([a, b], "failpoint_hit", ids, 2)  # both passed their fence
+            else:
+                _wait_events([a, b], "staging_branch_created", ids, 2)
+                assert len(hits) == 1  # the other one waits for the lease
+            release.touch()
             wfs = [wait_workflow(conductor, i, timeout=60) for i in ids]
+            release.unlink()
             statuses = sorted(w["status"] for w in wfs)
             outcomes.append(statuses)
             assert statuses == ["COMPLETED", "FAILED"], f"round {round_}: {statuses}"
@@ -86,6 +100,24 @@ def test_two_publications_from_one_input_ref_exactly_one_lands(
             assert head.parents[0] == input_ref  # exactly one publication on the input ref
     assert len(publications(store, repo)) == ROUNDS
     assert staging_branches(store, repo) == []
+
+
+def _wait_events(
+    workers: list[WorkerProcess], event: str, workflow_ids: list[str], n: int
+) -> list[dict[str, Any]]:
+    """Until the workers have logged ``n`` ``event`` events of these workflows."""
+    deadline = time.monotonic() + 60
+    while True:
+        found = [
+            e
+            for w in workers
+            for e in w.events()
+            if e.get("event") == event and e.get("workflow_id") in workflow_ids
+        ]
+        if len(found) >= n:
+            return found
+        assert time.monotonic() < deadline, f"{len(found)} of {n} {event} events"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("hook", [True, False], ids=["expected-head-hook", "post-publish-check"])
@@ -105,14 +137,19 @@ def test_foreign_commit_between_fence_and_merge(
     one_step(conductor, name, f"pt_write_{unique}", {"files": {"p.txt": "perago"}})
     input_ref = store.branch_head(repo, "main")
     wid = start(conductor, name, repo, ref=input_ref)
-    with worker(
-        {**env, "PERAGO_FAILPOINTS": "after_publish_fence=pause:3"}, tmp_path / "w.log"
-    ) as w:
+    release = tmp_path / "release"
+    pausing = {
+        **env,
+        "PERAGO_FAILPOINTS": "after_publish_fence=pause:120",
+        "PERAGO_FAILPOINTS_RELEASE": str(release),
+    }
+    with worker(pausing, tmp_path / "w.log") as w:
         w.wait_for("failpoint_hit", failpoint="after_publish_fence")
         f = tmp_path / "foreign.txt"
         f.write_text("someone else")
         store.upload(repo, "main", "elsewhere/foreign.txt", f)
         foreign = store.commit(repo, "main", message="foreign writer", metadata={})
+        release.touch()
         wf = wait_workflow(conductor, wid)
     reason = attempts(wf, "step")[0]["reasonForIncompletion"]
     assert wf["status"] == "FAILED"

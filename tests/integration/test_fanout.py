@@ -173,13 +173,20 @@ def test_a_foreign_commit_after_a_group_member_handed_the_head_on_is_refused(
     )
     input_ref = store.branch_head(repo, "main")
     wid = start(conductor, name, repo, ref=input_ref)
-    pausing = {**env, "PERAGO_FAILPOINTS": "after_publish_fence=pause:3"}
+    release = tmp_path / "release"
+    pausing = {  # the second member's turn pauses after its fence until released
+        **env,
+        "PERAGO_FAILPOINTS": "after_publish_fence=pause:120@2",
+        "PERAGO_FAILPOINTS_RELEASE": str(release),
+    }
     with worker(pausing, tmp_path / "w.log", concurrency=2) as w:
         second = w.wait_for("publish_fence_passed", handed_over=True)
+        w.wait_for("failpoint_hit", failpoint="after_publish_fence")
         f = tmp_path / "foreign.txt"
         f.write_text("someone else")
         store.upload(repo, "main", "elsewhere/foreign.txt", f)
         foreign = store.commit(repo, "main", message="foreign writer", metadata={})
+        release.touch()
         wf = wait_workflow(conductor, wid)
         joined = [e for e in w.events() if e.get("event") == "branch_lease_joined"]
     assert joined, "the partitions did not share a grant: nothing was tested"

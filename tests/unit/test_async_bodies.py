@@ -43,6 +43,9 @@ class Gate:
         self.open = threading.Event()
         #: A body that waits for cancellation has started.
         self.in_body = threading.Event()
+        #: Held until the test releases it: a "block" body blocks the loop on it.
+        self.blocker = threading.Lock()
+        self.blocker.acquire()
 
 
 GATE = Gate()
@@ -68,7 +71,7 @@ async def async_writer(workspace: Path, params: Params) -> Result:
         while True:
             await asyncio.sleep(0.01)
     elif params.mode == "block":
-        time.sleep(1.6)  # a blocking call on the loop: the watchdog names this line
+        GATE.blocker.acquire(timeout=30)  # blocks the loop until the watchdog named this line
     elif params.mode == "raise":
         raise ValueError("bad row 7")
     (workspace / f"{params.name}.txt").write_text(f"from {me.task_id}")
@@ -80,6 +83,8 @@ def _gate() -> Iterator[None]:
     GATE.__init__()  # type: ignore[misc]
     yield
     GATE.open.set()
+    if GATE.blocker.locked():
+        GATE.blocker.release()
 
 
 def submit(stub: StubOrchestrator, wid: str, **params: Any) -> str:
@@ -203,7 +208,13 @@ def test_a_blocking_async_body_is_named_in_the_log(
         capture_logs() as logs,
         running_worker([async_writer], store=store, orchestrator=stub, work_dir=tmp_path / "work"),
     ):
-        outcome = settle(stub, submit(stub, "wf-block", mode="block"))
+        submit(stub, "wf-block", mode="block")
+        deadline = time.monotonic() + 30
+        while not any(e["event"] == "event_loop_blocked" for e in logs):
+            assert time.monotonic() < deadline, "the watchdog never named the blocking call"
+            time.sleep(0.01)
+        GATE.blocker.release()
+        outcome = settle(stub, "wf-block")
     assert outcome.status == "COMPLETED"  # blocking is slow, not wrong
     blocked = [e for e in logs if e["event"] == "event_loop_blocked"]
     assert len(blocked) == 1, blocked

@@ -38,13 +38,25 @@ class CountingLeases(BranchLeases):
         manager = LeaseManager(CoordMemory(), ttl=timedelta(seconds=30))
         super().__init__(lambda _repository: manager, wait=timedelta(seconds=wait))
         self.grants = 0
+        self.tries = 0
+        self._tried = threading.Condition()
 
     def acquire(
         self, repository: str, branch: str, owner: str, *, wait: timedelta | None = None
     ) -> HeldLease:
+        with self._tried:
+            self.tries += 1
+            self._tried.notify_all()
         lease = super().acquire(repository, branch, owner, wait=wait)
         self.grants += 1
         return lease
+
+    def tried_again(self, times: int = 2) -> None:
+        """Until a waiter has asked for the lease ``times`` more times: it has looked at the
+        process's groups again in between (``LeaseGroups.acquire`` checks them first)."""
+        with self._tried:
+            start = self.tries
+            assert self._tried.wait_for(lambda: self.tries >= start + times, timeout=10)
 
 
 def _acquire_later(groups: LeaseGroups, me: AttemptIdentity) -> tuple[threading.Thread, list]:
@@ -77,14 +89,15 @@ def test_disjoint_publications_share_one_grant_and_the_last_to_leave_releases_it
     ids=["overlapping-scope", "unknown-scope"],
 )
 def test_an_overlapping_publication_waits_for_the_group_to_end(waiter: AttemptIdentity) -> None:
-    groups = LeaseGroups(CountingLeases())
+    leases = CountingLeases()
+    groups = LeaseGroups(leases)
     left = groups.acquire("r", "main", "left", LEFT)
     right = groups.acquire("r", "main", "right", RIGHT)
     thread, got = _acquire_later(groups, waiter)
-    thread.join(0.4)
+    leases.tried_again()
     assert thread.is_alive() and got == []
     left.release()
-    thread.join(0.4)
+    leases.tried_again()
     assert thread.is_alive() and got == []  # it overlaps the right publication too
     right.release()
     thread.join(5)
@@ -95,11 +108,12 @@ def test_an_overlapping_publication_waits_for_the_group_to_end(waiter: AttemptId
 def test_another_attempt_of_a_step_joins_only_once_the_earlier_one_left() -> None:
     """As with a lone lease: the retry's section starts after the earlier attempt's ended
     (reported or failed), never beside it."""
-    groups = LeaseGroups(CountingLeases())
+    leases = CountingLeases()
+    groups = LeaseGroups(leases)
     left = groups.acquire("r", "main", "left", LEFT)
     right = groups.acquire("r", "main", "right", RIGHT)
     thread, got = _acquire_later(groups, ident("left", "a/l/", retry=1))
-    thread.join(0.4)
+    leases.tried_again()
     assert thread.is_alive() and got == []
     left.release()
     thread.join(5)
@@ -114,7 +128,7 @@ def test_a_waiter_joins_a_group_that_opens_while_it_waits() -> None:
     wide = groups.acquire("r", "main", "wide", WIDE)
     thread, got = _acquire_later(groups, LEFT)  # overlaps the wide group: waits
     other, got_other = _acquire_later(groups, RIGHT)  # so does this one
-    thread.join(0.3)
+    leases.tried_again()  # the waiters looked at the wide group again: neither joined
     assert thread.is_alive()
     wide.release()
     thread.join(5)
@@ -156,7 +170,8 @@ def test_members_take_turns_and_a_turn_may_end_early() -> None:
     with left.turn():
         thread = threading.Thread(target=other_turn)
         thread.start()
-        assert not entered.wait(0.3)
+        _waiting_for_turns(left, 1)  # blocked on the left member's turn, not entered
+        assert not entered.is_set()
         left.end_turn()
         assert entered.wait(5)
     thread.join(5)
@@ -164,6 +179,70 @@ def test_members_take_turns_and_a_turn_may_end_early() -> None:
         pass
     left.release()
     right.release()
+
+
+def _waiting_for_turns(member: GroupMember, n: int) -> None:
+    """Until ``n`` members wait for their turn (threading.Condition's waiters)."""
+    turns = member.group.turns
+    deadline = threading.Event()
+    for _ in range(500):
+        with turns:
+            if len(turns._waiters) >= n:  # type: ignore[attr-defined]
+                return
+        deadline.wait(0.01)
+    raise AssertionError(f"{n} member(s) never waited for their turn")
+
+
+def test_a_turn_not_given_within_the_lease_wait_fails_the_waiter() -> None:
+    groups = LeaseGroups(CountingLeases(wait=0.3))
+    left = groups.acquire("r", "main", "left", LEFT)
+    right = groups.acquire("r", "main", "right", RIGHT)
+    with left.turn(), pytest.raises(LeaseBusyError) as e, right.turn():
+        pass
+    assert "held its turn" in e.value.message
+    with right.turn():  # the failed wait took nothing
+        pass
+    left.release()
+    right.release()
+
+
+def test_an_interrupt_while_waiting_for_a_turn_leaves_the_turns_to_the_others() -> None:
+    """The drain's last resort (an exception raised in the attempt's thread) reaches a
+    member waiting for its turn, and the turn is never left taken by it."""
+    from perago.errors import WorkerShutdown
+    from perago.worker.loop import _raise_in_thread
+
+    groups = LeaseGroups(CountingLeases(wait=30))
+    left = groups.acquire("r", "main", "left", LEFT)
+    right = groups.acquire("r", "main", "right", RIGHT)
+    third = groups.acquire("r", "main", "third", ident("t3", "parts/p=3/"))
+    ended: list[BaseException] = []
+
+    def wait_for_turn() -> None:
+        try:
+            with right.turn():
+                pass
+        except BaseException as e:  # noqa: BLE001 - what ended it is the assertion
+            ended.append(e)
+
+    waiter = threading.Thread(target=wait_for_turn)
+    with left.turn():
+        waiter.start()
+        _waiting_for_turns(left, 1)
+        assert waiter.ident is not None
+        _raise_in_thread(waiter.ident, WorkerShutdown)
+        waiter.join(5)
+        assert not waiter.is_alive() and isinstance(ended[0], WorkerShutdown)
+    took = threading.Event()
+
+    def take() -> None:
+        with third.turn():
+            took.set()
+
+    threading.Thread(target=take, daemon=True).start()
+    assert took.wait(5), "the interrupted waiter left the turn taken"
+    for member in (left, right, third):
+        member.release()
 
 
 class _FlippingLedger:

@@ -475,7 +475,10 @@ def test_a_serializable_task_without_branch_leases_is_refused_at_start_up(
 
     settings = load(env={"PERAGO_WORK_DIR": str(tmp_path), "PERAGO_COORD_BACKEND": backend})
     make = lambda: Worker(  # noqa: E731
-        [month_report_serializable], settings=settings, store=MemoryStore(), orchestrator=StubOrchestrator()
+        [month_report_serializable],
+        settings=settings,
+        store=MemoryStore(),
+        orchestrator=StubOrchestrator(),
     )
     if backend == "memory":
         make()
@@ -483,4 +486,6 @@ def test_a_serializable_task_without_branch_leases_is_refused_at_start_up(
     with pytest.raises(ConfigError) as e:
         make()
     assert "PERAGO_COORD_BACKEND=none" in e.value.message
-    assert 'isolation="snapshot"' in e.value.message and "month_report_serializable" in e.value.message
+    assert (
+        'isolation="snapshot"' in e.value.message and "month_report_serializable" in e.value.message
+    )

@@ -4,8 +4,10 @@ still publishing (up to ``publications_in_flight`` of them), and only then."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -85,10 +87,22 @@ def test_publishing_attempts_free_their_places_up_to_the_setting(
         for i in range(5):
             stub.submit("pp_writer", {"workspace": ws, "params": {"n": i}}, workflow_id=f"f{i}")
         stub.wait_for(lambda _: BODIES.publishing == extra + 1)
-        threading.Event().wait(0.3)  # polls go on meanwhile: nothing more may start
+        _poll_loop_turned(worker)  # it looked for a free place again: nothing more started
         assert BODIES.started == extra + 1
         assert worker.in_flight() == extra + 1
         BODIES.release.set()
         stub.wait_for(lambda s: all(s.settled(f"f{i}") for i in range(5)))
     assert all(stub.final(f"f{i}").status == "COMPLETED" for i in range(5))
     assert BODIES.started == 5
+
+
+def _poll_loop_turned(worker: Any) -> None:
+    """Until the worker's poll loop has begun two rounds after now, so one round (count
+    its free places, poll if any) ran wholly after the caller's observation."""
+    seen = time.monotonic()
+    for _ in range(2):
+        deadline = time.monotonic() + 10
+        while worker._last_loop <= seen:
+            assert time.monotonic() < deadline, "the poll loop stopped"
+            time.sleep(0.001)
+        seen = worker._last_loop
