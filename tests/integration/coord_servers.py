@@ -1,4 +1,5 @@
-"""Session fixtures for the coordination backends' servers: moto (S3) and DynamoDB Local.
+"""Session fixtures for the coordination backends' servers: versitygw and moto (S3),
+and DynamoDB Local.
 
 Both run as child processes on free loopback ports and are stopped at session end. DynamoDB
 Local is fetched once from Maven Central (``perago-dev/perago_dev/recipes/dynamodb/pom.xml``) into
@@ -68,18 +69,56 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _serve(
-    cmd: list[str], url: str, log: Path, timeout: float, cwd: Path | None = None
+    cmd: list[str],
+    url: str,
+    log: Path,
+    timeout: float,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     with log.open("wb") as out:
         try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
         except OSError as e:
             unavailable(f"cannot start {cmd[0]}: {e}")
     try:
         _wait_http(url, proc, log, timeout)
-        yield url
+        yield url.removesuffix("/health")
     finally:
         _stop(proc)
+
+
+#: The root keys of the S3 server the coordination tests start (a throwaway server).
+S3_KEYS = {"access_key_id": "PERAGOCOORDTEST", "secret_access_key": "coord-test-secret"}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """versitygw, the production profile's S3 server, on a free port with its own folder
+    (built from the Go module proxy on first use): conditional writes (If-Match,
+    If-None-Match) checked by a real server, racing requests served concurrently."""
+    from perago_dev.build import build_versitygw
+
+    try:
+        binary = build_versitygw()
+    except Exception as e:  # noqa: BLE001 - the reason is the message
+        unavailable(f"versitygw could not be built: {e}")
+    root = tmp_path_factory.mktemp("versitygw")
+    (root / "data").mkdir()
+    port = _free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("VGW_", "ROOT_"))},
+        "ROOT_ACCESS_KEY_ID": S3_KEYS["access_key_id"],
+        "ROOT_SECRET_ACCESS_KEY": S3_KEYS["secret_access_key"],
+    }
+    cmd = [str(binary), "--port", f"127.0.0.1:{port}", "--health", "/health", "posix"]
+    yield from _serve(
+        [*cmd, str(root / "data")],
+        f"http://127.0.0.1:{port}/health",
+        root / "versitygw.log",
+        30,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="session")
