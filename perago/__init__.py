@@ -28,12 +28,20 @@ from perago.errors import (
     WorkspaceError,
 )
 from perago.inputs import Inputs, ResolvedInput
-from perago.task import RemoteWorkspace, TaskDefinition, TaskOptions, WorkspaceSpec, task
+from perago.task import (
+    CODE_ERRORS,
+    RemoteWorkspace,
+    TaskDefinition,
+    TaskOptions,
+    WorkspaceSpec,
+    task,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     # errors
+    "CODE_ERRORS",
     "AttemptFenceError",
     # inside a running attempt
     "AttemptInfo",

@@ -228,6 +228,10 @@ class SparkSessions:
             if target.local:
                 conf.setdefault("spark.driver.bindAddress", "127.0.0.1")
                 conf.setdefault("spark.driver.host", "127.0.0.1")
+            # No _SUCCESS markers: a publication is atomic already (docs/tasks.md, Spark).
+            conf.setdefault(
+                "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false"
+            )
             # The driver JVM's own log: warnings, stack traces cut to a few lines.
             conf.setdefault(
                 "spark.driver.extraJavaOptions",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -197,6 +197,19 @@ class RemoteWorkspace:
     inputs: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
+#: Errors no retry can fix, by default terminal (``@task(terminal_errors=...)``): a name or
+#: attribute that does not exist, a call with the wrong types, a missing module, and a Spark
+#: query that does not analyse (an unknown column or table).
+CODE_ERRORS: tuple[type[BaseException] | str, ...] = (
+    NameError,
+    TypeError,
+    AttributeError,
+    ImportError,
+    SyntaxError,
+    "pyspark.errors.AnalysisException",
+)
+
+
 @dataclass(frozen=True)
 class TaskOptions:
     """Conductor task-definition options; defaults suit minutes-long data steps."""
@@ -210,6 +223,8 @@ class TaskOptions:
     domain: str = ""
     #: Attempts of this task one worker runs at once (0: only the worker's total limit).
     concurrency: int = 0
+    #: Errors of the body that no retry can fix: they end the task terminally.
+    terminal_errors: tuple[type[BaseException] | str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.domain and not _DOMAIN.fullmatch(self.domain):
@@ -224,6 +239,15 @@ class TaskOptions:
                 f"concurrency must be a whole number >= 1 (or 0: no limit of its own), got "
                 f"{self.concurrency!r}"
             )
+        for kind in self.terminal_errors:
+            if not (
+                (isinstance(kind, type) and issubclass(kind, BaseException))
+                or (isinstance(kind, str) and "." in kind)
+            ):
+                raise TaskDefinitionError(
+                    f"terminal_errors takes exception classes or dotted class names "
+                    f"('pyspark.errors.AnalysisException'), not {kind!r}"
+                )
         if self.response_timeout < timedelta(seconds=1):
             raise TaskDefinitionError("response_timeout must be at least 1 second")
         if self.timeout and self.response_timeout > self.timeout:
@@ -387,6 +411,7 @@ def task(
     description: str = "",
     domain: str = "",
     concurrency: int = 0,
+    terminal_errors: Sequence[type[BaseException] | str] = CODE_ERRORS,
 ) -> _Decorator:
     """Declare a Perago task; ``name`` is the Conductor task type.
 
@@ -395,7 +420,11 @@ def task(
     the Conductor task domain its worker polls (``PERAGO_TASK_DOMAINS`` overrides it).
     ``concurrency`` caps how many attempts of this task one worker runs at once (a heavy
     Spark task beside light ones; ``PERAGO_TASK_CONCURRENCY`` overrides it), within the
-    worker's total ``--concurrency``.
+    worker's total ``--concurrency``. ``terminal_errors``: errors of the body that no
+    retry can fix end the task at once (FAILED_WITH_TERMINAL_ERROR); by default Python's
+    programming errors and Spark's analysis errors (``CODE_ERRORS``). Pass ``()`` to retry
+    every error, or ``(*CODE_ERRORS, MyError)`` to add your own; a dotted name matches a
+    class of that name in that package (for optional libraries such as pyspark).
     """
     if not isinstance(name, str) or not _TASK_NAME.match(name):
         raise TaskDefinitionError(
@@ -412,5 +441,25 @@ def task(
         description=description,
         domain=domain,
         concurrency=concurrency,
+        terminal_errors=tuple(terminal_errors),
     )
     return _Decorator(name, workspace, options)
+
+
+def is_terminal(e: BaseException, kinds: Sequence[type[BaseException] | str]) -> bool:
+    """Whether ``e`` is one of ``kinds``: a class (``isinstance``), or a dotted name
+    ``package.Name`` that a class in ``e``'s hierarchy has (``Name``, defined under
+    ``package``), so that a library need not be importable to be named."""
+    for kind in kinds:
+        if isinstance(kind, type):
+            if isinstance(e, kind):
+                return True
+            continue
+        package, _, name = kind.rpartition(".")
+        root = package.partition(".")[0]
+        if any(
+            c.__name__ == name and (c.__module__ or "").partition(".")[0] == root
+            for c in type(e).__mro__
+        ):
+            return True
+    return False

@@ -10,7 +10,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -47,7 +47,7 @@ from perago.publish.transaction import release_lease
 from perago.spark import spark_tag
 from perago.steps import Boundary, Phase
 from perago.store import VersionStore
-from perago.task import RemoteWorkspace, TaskDefinition
+from perago.task import RemoteWorkspace, TaskDefinition, is_terminal
 from perago.task_io import MAX_PARAMS_BYTES, WorkspaceInput, check_param_keys
 from perago.worker.async_bodies import AsyncBody, drive
 from perago.worker.attempt import RunningAttempt
@@ -150,10 +150,17 @@ def _authors_traceback(e: BaseException) -> UserTraceback | None:
     return trace if trace.location else None
 
 
-def hopeless(e: Exception, *, pinned: bool) -> Exception:
+def hopeless(
+    e: Exception,
+    *,
+    pinned: bool,
+    in_body: bool = False,
+    terminal: Sequence[type[BaseException] | str] = (),
+) -> Exception:
     """``e``, or a terminal error in its place where no retry can succeed: a module the task
-    needs is not installed, or a publish fence refused a workflow that pinned its input ref
-    (every retry would start from that ref again)."""
+    needs is not installed, the body raised one of the task's ``terminal`` errors (a code
+    error, by default: ``perago.CODE_ERRORS``), or a publish fence refused a workflow that
+    pinned its input ref (every retry would start from that ref again)."""
     if isinstance(e, ImportError):  # ModuleNotFoundError too
         missing = f"module {e.name!r}" if e.name else "a module"
         return TaskError(
@@ -161,6 +168,13 @@ def hopeless(e: Exception, *, pinned: bool) -> Exception:
             f"{e}); install it into the worker's environment (pyspark.ml needs numpy: "
             "perago-runtime[ml]) and re-run the workflow. Not retried: a retry on this worker "
             "would fail the same way",
+            non_retryable=True,
+        )
+    if in_body and is_terminal(e, terminal):
+        return TaskError(
+            f"{describe(e)}. Not retried: an error of the code, which a retry would meet "
+            "again (the task's terminal_errors; perago.CODE_ERRORS by default). Fix the task "
+            "and re-run the workflow; pass @task(terminal_errors=()) to retry such errors",
             non_retryable=True,
         )
     if isinstance(e, PublishFenceError) and pinned and not e.non_retryable:
@@ -407,7 +421,12 @@ class AttemptRunner:
             )
             return Finished(outcome_of(e, where=attempt.step, trace=trace))
         except Exception as caught:  # noqa: BLE001 - any failure of user code or I/O fails it
-            failure = hopeless(caught, pinned=attempt.pinned)
+            failure = hopeless(
+                caught,
+                pinned=attempt.pinned,
+                in_body=attempt.step is Phase.BODY,
+                terminal=attempt.defn.options.terminal_errors,
+            )
             if isinstance(failure, AttemptFenceError):
                 metrics.FENCE_REJECTIONS.labels("attempt").inc()
             elif isinstance(failure, PublishFenceError):

@@ -357,7 +357,10 @@ class ContentCache:
             if v.key in self._entries:
                 self._entries.move_to_end(v.key)
                 return False
-        st = os.lstat(path)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False  # the body deleted it (an ordinary overwrite): nothing to take
         proof = (stat.S_ISREG(st.st_mode), st.st_size, st.st_ino, st.st_ctime_ns)
         if proof != (True, v.size, v.ino, v.ctime_ns):
             return False

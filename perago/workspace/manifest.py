@@ -7,6 +7,14 @@ same inode, size and *ctime* (which no user call can set back) as recorded at ma
 and that ctime strictly older than a probe file the filesystem stamped after the last
 download (``settled_ns``, racy-git's rule). A file changed in the same clock tick as the
 probe is hashed, so the filesystem's timestamp granularity never hides a change.
+
+Hadoop's local bookkeeping is never part of a diff (``is_bookkeeping``): the checksum
+sidecars its local filesystem writes beside every file (``.part-0.parquet.crc``), a
+committer's ``_temporary/`` folder and the ``_SUCCESS`` marker. On object storage the first
+two never exist, and a publication is atomic (readers see every file of a step or none), so
+a marker adds nothing; the sidecars' bytes also differ between JVMs for equal data, which
+would make a re-run publish again. Neither written nor deleted: such files already on the
+branch stay as they are.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ __all__ = [
     "compute_diff",
     "file_md5",
     "filesystem_now",
+    "is_bookkeeping",
     "only_renames",
     "scan",
 ]
@@ -248,13 +257,23 @@ def only_renames(
     return gone_keys == new_keys
 
 
+def is_bookkeeping(path: str) -> bool:
+    """A file Hadoop keeps for itself on a local filesystem (see the module's docstring)."""
+    folders, _, name = path.rpartition("/")
+    if name == "_SUCCESS" or (name.startswith(".") and name.endswith(".crc")):
+        return True
+    return "_temporary" in folders.split("/")
+
+
 def compute_diff(manifest: Manifest, root: Path) -> Diff:
-    """Compare the attempt directory with what was materialized."""
+    """Compare the attempt directory with what was materialized (bookkeeping aside)."""
     added: list[str] = []
     changed: list[str] = []
     seen: set[str] = set()
     for f in scan(root):
         seen.add(f.path)
+        if is_bookkeeping(f.path):
+            continue
         before = manifest.entries.get(f.path)
         if before is None:
             added.append(f.path)
@@ -262,5 +281,5 @@ def compute_diff(manifest: Manifest, root: Path) -> Diff:
             continue
         elif before.size != f.size or before.checksum != file_md5(root / f.path):
             changed.append(f.path)
-    deleted = [p for p in manifest.entries if p not in seen]
+    deleted = [p for p in manifest.entries if p not in seen and not is_bookkeeping(p)]
     return Diff(tuple(sorted(added)), tuple(sorted(changed)), tuple(sorted(deleted)))

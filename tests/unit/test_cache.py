@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
+import structlog.testing
 
 from perago.testing import MemoryStore
 from perago.workspace import ContentCache, materialize, upload_all
@@ -111,6 +113,20 @@ def test_a_body_rewriting_or_appending_in_place_never_changes_the_cache(
     assert (second / "a.bin").read_bytes() == b"a" * 1000
     assert (second / "b.bin").read_bytes() == b"b" * 1000
     assert store.downloads == 2
+
+
+def test_a_file_the_body_deleted_is_not_adopted_and_not_warned_about(
+    store: CountingStore, cache: ContentCache, tmp_path: Path
+) -> None:
+    """Spark's overwrite of a materialized folder deletes its files: an ordinary write,
+    nothing to adopt and nothing to warn about (issue 39)."""
+    ref = _publish(store, {"a.bin": b"a" * 1000, "b.bin": b"b" * 1000}, tmp_path, cache)
+    first = tmp_path / "first"
+    _read(store, ref, first, cache)
+    (first / "a.bin").unlink()
+    with structlog.testing.capture_logs() as logs:
+        cache.adopt(first)
+    assert not [e for e in logs if e["event"] == "cache_adopt_failed"], logs
 
 
 def test_a_file_changed_after_its_upload_is_not_adopted(

@@ -10,6 +10,7 @@ def test_public_names() -> None:
         [
             "AttemptFenceError",
             "AttemptInfo",
+            "CODE_ERRORS",
             "ConfigError",
             "FenceError",
             "GuardrailError",

@@ -8,7 +8,7 @@ import pytest
 
 from perago.errors import UnsafePathError
 from perago.workspace import Manifest, ManifestEntry, compute_diff, local_path_for
-from perago.workspace.manifest import file_md5
+from perago.workspace.manifest import file_md5, is_bookkeeping
 
 
 def _manifest_of(root: Path) -> Manifest:
@@ -155,3 +155,23 @@ def test_manifest_round_trip_keeps_the_settle_stamp(tmp_path: Path) -> None:
     m.save(tmp_path / "m.json")
     loaded = Manifest.load(tmp_path / "m.json")
     assert loaded.entries == m.entries and loaded.settled_ns == m.settled_ns
+
+
+def test_hadoop_bookkeeping_is_never_part_of_a_diff(tmp_path: Path) -> None:
+    """Checksum sidecars, a committer's _temporary folder and _SUCCESS are neither published
+    nor deleted (issue 39): on object storage they never exist, and the sidecars' bytes
+    differ between JVMs for equal data."""
+    manifest = Manifest()
+    for rel in ("t/.part-0.parquet.crc", "t/_SUCCESS", "t/part-0.parquet"):
+        manifest.add(ManifestEntry(rel, 1, "0" * 32))
+    out = tmp_path / "t"
+    (out / "_temporary" / "0").mkdir(parents=True)
+    (out / "_temporary" / "0" / "part-9.parquet").write_bytes(b"x")
+    (out / ".part-1.parquet.crc").write_bytes(b"c")
+    (out / "_SUCCESS").write_bytes(b"")
+    (out / "part-1.parquet").write_bytes(b"data")
+    (tmp_path / "readme.crc").write_bytes(b"a user's own file")  # not Hadoop's sidecar name
+    diff = compute_diff(manifest, tmp_path)
+    assert diff.added == ("readme.crc", "t/part-1.parquet")
+    assert diff.deleted == ("t/part-0.parquet",)  # the remote sidecar and marker stay
+    assert is_bookkeeping("_temporary/x") and not is_bookkeeping("a_temporary/x")
