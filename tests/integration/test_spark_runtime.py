@@ -302,3 +302,52 @@ def test_a_spark_session_that_cannot_start_fails_readably_and_unreadies_the_pod(
     assert "cannot start a Spark session" in reason or "Java gateway" in reason, reason
     assert "\tat " not in reason and len(reason) < 2000
     assert code == 503 and "not ready: cannot start a Spark session" in body
+
+
+def test_plain_spark_writes_publish_only_data_and_nothing_on_a_re_run(
+    spark_worker: str,
+    stack_env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    seeded: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 39: Parquet (with and without partitionBy), CSV and JSON written as a user
+    writes them publish their data and never Hadoop's `.crc` sidecars, `_temporary/` or
+    `_SUCCESS`; the same rows re-written on the same worker and on a fresh worker process
+    (another JVM) publish nothing. No `cache_adopt_failed` for the overwritten folders."""
+    first = _run(conductor, f"ps_formats_{spark_worker}", repo, unique, {})
+    assert first["status"] == "COMPLETED", first.get("reasonForIncompletion")
+    published = first["output"]["workspace"]["ref"]  # type: ignore[index]
+    paths = [o.path for o in store.list_objects(repo, published, "spark/formats/")]
+    names = {p.rpartition("/")[2] for p in paths}
+    for kind, suffix in (("parquet", ".parquet"), ("csv", ".csv"), ("json", ".json")):
+        assert any(p.startswith(f"spark/formats/{kind}/") and p.endswith(suffix) for p in paths)
+    assert any(p.startswith("spark/formats/partitioned/bucket=") for p in paths), paths
+    assert not [n for n in names if n.endswith(".crc") or n == "_SUCCESS"], names
+    assert not [p for p in paths if "/_temporary/" in p], paths
+    again = _run(conductor, f"ps_formats_{spark_worker}", repo, f"{unique}b", {})
+    assert again["status"] == "COMPLETED", again.get("reasonForIncompletion")
+    assert again["output"]["workspace"]["ref"] == published  # type: ignore[index]
+    # A fresh worker process: another JVM writes the same rows.
+    suffix = uuid.uuid4().hex[:10]
+    env = {
+        **stack_env,
+        "PERAGO_TEST_SUFFIX": suffix,
+        "PERAGO_WORK_DIR": str(tmp_path / "work"),
+        "PERAGO_SPARK_MASTER": "local[2]",
+        "PERAGO_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2"}',
+    }
+    register_tasks(env, MODULE)
+    with worker(env, tmp_path / "fresh.log", module=MODULE) as fresh:
+        third = _run(conductor, f"ps_formats_{suffix}", repo, f"{unique}c", {})
+        events = fresh.events()
+    assert third["status"] == "COMPLETED", third.get("reasonForIncompletion")
+    assert third["output"]["workspace"]["ref"] == published  # type: ignore[index]
+    assert [c.id for c in publications(store, repo)] == [published]
+    assert not [e for e in events if e.get("event") == "cache_adopt_failed"]
+    # (adoption runs after the report, outside the attempt's log context: the whole log)
+    shared = log_events(WORKER_LOGS[spark_worker])
+    assert not [e for e in shared if e.get("event") == "cache_adopt_failed"]

@@ -82,9 +82,7 @@ def test_other_errors_are_retried(tmp_path: Path) -> None:
 
 def test_a_task_can_retry_code_errors_or_name_its_own_terminal_ones(tmp_path: Path) -> None:
     assert [s for s, _ in _run(tmp_path / "a", "te_lenient", "name")] == ["FAILED"] * 3
-    assert [s for s, _ in _run(tmp_path / "b", "te_own", "flaky")] == [
-        "FAILED_WITH_TERMINAL_ERROR"
-    ]
+    assert [s for s, _ in _run(tmp_path / "b", "te_own", "flaky")] == ["FAILED_WITH_TERMINAL_ERROR"]
 
 
 def test_dotted_names_match_a_class_of_that_name_in_that_package() -> None:

@@ -12,17 +12,6 @@ from perago import Inputs, TaskError, WorkspaceSpec, task
 ORDERS = WorkspaceSpec(prefix="orders/")
 
 
-def tidy_spark_output(path: Path) -> None:
-    """Drop Spark's bookkeeping files so only data is published."""
-    for p in sorted(path.rglob("*"), reverse=True):
-        if p.is_file() and (p.name == "_SUCCESS" or p.name.endswith(".crc")):
-            p.unlink()
-        elif p.is_dir() and p.name == "_temporary":
-            for q in sorted(p.rglob("*"), reverse=True):
-                q.unlink() if q.is_file() else q.rmdir()
-            p.rmdir()
-
-
 #: The raw CSV columns, all read as text: parsing is part of cleaning.
 RAW_SCHEMA = (
     "order_id STRING, customer_id STRING, segment STRING, order_date STRING, "
@@ -84,7 +73,6 @@ def orders_clean(workspace: Path, params: CleanParams, spark: Any) -> CleanResul
     clean = clean_orders(df, params.min_amount)
     rows_in = df.count()
     clean.write.mode("overwrite").partitionBy("order_date").parquet(str(workspace / "clean"))
-    tidy_spark_output(workspace / "clean")
     rows_out = spark.read.parquet(str(workspace / "clean")).count()
     days = sorted(
         p.name.removeprefix("order_date=")
@@ -118,7 +106,6 @@ def orders_daily_revenue(workspace: Path, params: RevenueParams, spark: Any) -> 
     clean = spark.read.parquet(str(workspace / "clean"))
     daily = daily_revenue(clean)
     daily.coalesce(1).write.mode("overwrite").parquet(str(workspace / "revenue" / "daily"))
-    tidy_spark_output(workspace / "revenue")
     out = spark.read.parquet(str(workspace / "revenue" / "daily"))
     return RevenueResult(
         rows_in=clean.count(),

@@ -25,12 +25,6 @@ class SparkResult(BaseModel):
     rows: int
 
 
-def _tidy(root: Path) -> None:
-    for p in list(root.rglob("*")):
-        if p.is_file() and (p.name == "_SUCCESS" or p.name.endswith(".crc")):
-            p.unlink()
-
-
 @task(f"ps_local_{SUFFIX}", workspace=WorkspaceSpec(prefix="spark/"), **OPTS)
 def local_projection(workspace: Path, params: SparkParams, spark: Any) -> SparkResult:
     df = spark.read.csv(str(workspace / "in"), header=True, inferSchema=True)
@@ -41,9 +35,31 @@ def local_projection(workspace: Path, params: SparkParams, spark: Any) -> SparkR
     rows = df.count()
     if params.typo:
         rows = len(parms.fail)  # type: ignore[name-defined]  # noqa: F821 - on purpose
-    df.write.mode("overwrite").parquet(str(workspace / "out"))
-    _tidy(workspace)
+    df.write.mode("overwrite").parquet(str(workspace / "out"))  # plain: no tidying up
     return SparkResult(rows=rows)
+
+
+@task(f"ps_formats_{SUFFIX}", workspace=WorkspaceSpec(prefix="spark/"), **OPTS)
+def formats(workspace: Path, params: SparkParams, spark: Any) -> SparkResult:
+    """Plain writes as a user makes them, over the folders an earlier run published: typed
+    columns (ints, doubles, strings, a date, a timestamp, a decimal, nulls), Parquet with
+    and without partitionBy, CSV and JSON, each overwriting its folder."""
+    df = spark.read.csv(str(workspace / "in"), header=True, inferSchema=True).selectExpr(
+        "n",
+        "name",
+        "n * 1.5 AS ratio",
+        "date_add(DATE'2024-01-01', n) AS day",
+        "timestamp_seconds(1700000000 + n * 3600) AS at",
+        "CAST(n / 7 AS DECIMAL(12, 2)) AS amount",
+        "IF(n % 5 = 0, NULL, name) AS maybe",
+        "n % 3 AS bucket",
+    )
+    out = workspace / "formats"
+    df.coalesce(2).write.mode("overwrite").parquet(str(out / "parquet"))
+    df.write.mode("overwrite").partitionBy("bucket").parquet(str(out / "partitioned"))
+    df.coalesce(2).write.mode("overwrite").option("header", True).csv(str(out / "csv"))
+    df.coalesce(2).write.mode("overwrite").json(str(out / "json"))
+    return SparkResult(rows=df.count())
 
 
 @task(f"ps_inplace_{SUFFIX}", workspace=WorkspaceSpec(prefix="spark/", in_place=True), **OPTS)
