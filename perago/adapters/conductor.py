@@ -130,34 +130,68 @@ class WorkflowRun:
         return self.status == "COMPLETED"
 
     @classmethod
-    def from_json(cls, wf: dict[str, Any]) -> WorkflowRun:
+    def from_json(
+        cls, wf: dict[str, Any], child: Callable[[str], dict[str, Any]] | None = None
+    ) -> WorkflowRun:
+        """``child(workflow_id)`` reads a sub-workflow: the failure is then the failed task
+        inside the failed sub-workflows, not the SUB_WORKFLOW or JOIN task above it."""
         tasks = list(wf.get("tasks") or [])
+        failure, failed = _failure(wf, child)
         return cls(
             workflow_id=str(wf.get("workflowId", "")),
             status=str(wf.get("status", "")),
             output=dict(wf.get("output") or {}),
             steps=tuple(f"{t.get('referenceTaskName')}:{t.get('status')}" for t in tasks),
-            failure=_failure(wf, tasks),
-            failed_task_id=next(
-                (
-                    str(t.get("taskId", ""))
-                    for t in reversed(tasks)
-                    if t.get("status") not in ("COMPLETED", "IN_PROGRESS", "SCHEDULED")
-                ),
-                "",
-            ),
+            failure=failure,
+            failed_task_id=str(failed.get("taskId", "")) if failed else "",
         )
 
 
-def _failure(wf: dict[str, Any], tasks: list[dict[str, Any]]) -> str:
-    for t in reversed(tasks):
-        if t.get("status") not in ("COMPLETED", "IN_PROGRESS", "SCHEDULED"):
-            return (
-                f"task {t.get('referenceTaskName')} ({t.get('taskType')}) "
-                f"{t.get('status')} after {int(t.get('retryCount') or 0) + 1} attempt(s): "
-                f"{t.get('reasonForIncompletion') or 'no reason given'}"
+#: Statuses of a task that failed by itself, before those that ended because another did.
+_FAILED_FIRST = ("FAILED_WITH_TERMINAL_ERROR", "FAILED", "TIMED_OUT")
+_NOT_FAILED = ("COMPLETED", "IN_PROGRESS", "SCHEDULED", "SKIPPED")
+#: How deep `perago run --wait` follows failed sub-workflows.
+_MAX_NESTING = 8
+
+
+def _failed_task(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The task to blame: the last one that failed by itself (a forked task, not the JOIN
+    that was cancelled after it), else the last one that did not complete."""
+    ended = [t for t in tasks if t.get("status") not in _NOT_FAILED]
+    for task in reversed(ended):
+        if task.get("status") in _FAILED_FIRST and task.get("taskType") not in ("JOIN", "FORK"):
+            return dict(task)
+    return dict(ended[-1]) if ended else None
+
+
+def _failure(
+    wf: dict[str, Any], child: Callable[[str], dict[str, Any]] | None, depth: int = 0
+) -> tuple[str, dict[str, Any] | None]:
+    """What `perago run --wait` says failed, and the task it blames (None: the workflow's
+    own reason). Follows a failed SUB_WORKFLOW into its workflow; the task's real status
+    (Conductor's nested reason says FAILED for a FAILED_WITH_TERMINAL_ERROR child)."""
+    own = str(wf.get("reasonForIncompletion") or "")
+    t = _failed_task(list(wf.get("tasks") or []))
+    if t is None:
+        return own or "no reason given", None
+    sub = str(t.get("subWorkflowId") or (t.get("outputData") or {}).get("subWorkflowId") or "")
+    if t.get("taskType") == "SUB_WORKFLOW" and sub and child is not None and depth < _MAX_NESTING:
+        try:
+            inner = child(sub)
+        except OrchestratorError:
+            inner = {}
+        if inner:
+            text, blamed = _failure(inner, child, depth + 1)
+            name = inner.get("workflowName") or t.get("referenceTaskName")
+            return f"{text} (in sub-workflow {name} {sub}, task {t.get('referenceTaskName')})", (
+                blamed
             )
-    return str(wf.get("reasonForIncompletion") or "no reason given")
+    reason = str(t.get("reasonForIncompletion") or "") or own or "no reason given"
+    text = (
+        f"task {t.get('referenceTaskName')} ({t.get('taskType')}) {t.get('status')} after "
+        f"{int(t.get('retryCount') or 0) + 1} attempt(s): {reason}"
+    )
+    return text, t
 
 
 def task_snapshot(t: dict[str, Any]) -> TaskSnapshot:
@@ -623,7 +657,11 @@ class ConductorClient:
             raise
 
     def workflow_run(self, workflow_id: str) -> WorkflowRun:
-        return WorkflowRun.from_json(self.get_workflow(workflow_id))
+        """The workflow as `perago run --wait` shows it; once it has ended, its failed
+        sub-workflows are followed to the task that failed."""
+        wf = self.get_workflow(workflow_id)
+        ended = str(wf.get("status", "")) in _WORKFLOW_TERMINAL
+        return WorkflowRun.from_json(wf, child=self.get_workflow if ended else None)
 
     def decide(self, workflow_id: str) -> None:
         """Ask Conductor to evaluate the workflow now (its sweeper would, later)."""
