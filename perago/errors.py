@@ -15,6 +15,7 @@ exception into an attempt's outcome.
     ├── GuardrailError              pre-guardrail: params or workspace input invalid (terminal)
     │   └── PolicyError             the worker's settings forbid that source or target
     ├── TaskError                   raised by task authors; non_retryable is their choice
+    │   └── CodeError               the body raised an error of the code (terminal)
     ├── ResultValidationError       post-guardrail: the result does not validate
     ├── WorkspaceError              materialize or diff failed
     │   └── UnsafePathError         symlink, device, or a path leaving the attempt directory
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 __all__ = [
     "AttemptFenceError",
+    "CodeError",
     "ConfigError",
     "ConflictError",
     "CoordStoreError",
@@ -121,6 +123,19 @@ class PolicyError(GuardrailError):
 
 class TaskError(PeragoError):
     """Raised by task authors. ``TaskError(msg, non_retryable=True)`` is terminal."""
+
+
+class CodeError(TaskError):
+    """The body raised one of its task's ``terminal_errors`` (by default an error of the
+    code, ``perago.CODE_ERRORS``): a retry would meet it again. The message is the error."""
+
+    non_retryable = True
+    #: What the outcome's reason adds after the error and the line it came from.
+    ADVICE = (
+        "not retried: an error of the code, which a retry would meet again (the task's "
+        "terminal_errors; perago.CODE_ERRORS by default). Fix the task and re-run the "
+        "workflow; @task(terminal_errors=()) retries such errors"
+    )
 
 
 class ResultValidationError(PeragoError):

@@ -25,6 +25,7 @@ from perago.context import AttemptControl, attempt_context
 from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.errors import (
     AttemptFenceError,
+    CodeError,
     GuardrailError,
     LeaseLostError,
     NotFoundError,
@@ -171,12 +172,7 @@ def hopeless(
             non_retryable=True,
         )
     if in_body and is_terminal(e, terminal):
-        return TaskError(
-            f"{describe(e)}. Not retried: an error of the code, which a retry would meet "
-            "again (the task's terminal_errors; perago.CODE_ERRORS by default). Fix the task "
-            "and re-run the workflow; pass @task(terminal_errors=()) to retry such errors",
-            non_retryable=True,
-        )
+        return CodeError(describe(e))
     if isinstance(e, PublishFenceError) and pinned and not e.non_retryable:
         return PublishFenceError(
             f"{e.message}. Not retried: the workflow pinned its input ref (workspace.ref), so "
@@ -439,7 +435,8 @@ class AttemptRunner:
                 terminal=failure is not caught,
                 traceback=trace.text if trace else None,
             )
-            return Finished(outcome_of(failure, where=attempt.step, trace=trace))
+            advice = CodeError.ADVICE if isinstance(failure, CodeError) else ""
+            return Finished(outcome_of(failure, where=attempt.step, advice=advice, trace=trace))
 
     def _run_system(self, attempt: RunningAttempt) -> Finished:
         """The write-audit-publish tasks (``perago.wap``): branch work, no body."""

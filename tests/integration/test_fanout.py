@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import os
 import signal
 import time
@@ -330,6 +331,19 @@ def _start_sub_workflow_fan_out(
     """A DYNAMIC_FORK of one SUB_WORKFLOW per entry of ``params`` (its reference name ->
     the `pt_part` params), each child one `pt_part` step from the same pinned input ref;
     retries happen inside the children (docs/protocol.md, "Retries inside a fan-out")."""
+    name, workflow_input = _sub_workflow_fan_out(conductor, store, repo, unique, params)
+    return conductor.start_workflow(name, workflow_input)
+
+
+def _sub_workflow_fan_out(
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    params: dict[str, dict[str, Any]],
+) -> tuple[str, dict[str, Any]]:
+    """The workflows of ``_start_sub_workflow_fan_out``, defined: the parent's name and
+    input."""
     child = f"pt_one_part_{unique}"
     one = simple_task(f"pt_part_{unique}", "part", PINNED, {})
     one["inputParameters"]["params"] = "${workflow.input.params}"
@@ -366,9 +380,42 @@ def _start_sub_workflow_fan_out(
         for ref in params
     ]
     inputs = {ref: {"workspace": workspace, "params": p} for ref, p in params.items()}
-    return conductor.start_workflow(
-        name, {"workspace": workspace, "dynamicTasks": tasks, "dynamicTasksInput": inputs}
-    )
+    return name, {"workspace": workspace, "dynamicTasks": tasks, "dynamicTasksInput": inputs}
+
+
+def test_run_wait_names_the_failed_task_inside_a_sub_workflow_fan_out(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 39: one partition's child fails on a NameError (terminal, one attempt); `perago
+    run --wait` names that task inside its sub-workflow, its real status, the reason with
+    file:line, and its task log, never the cancelled JOIN's empty reason."""
+    from tests.integration.taskmods import tasks as taskmod
+
+    source = Path(taskmod.__file__).read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "parms.part" in text)
+    params = {f"day_d{i}": {"part": f"d{i}", "typo": i == 1} for i in range(3)}
+    name, workflow_input = _sub_workflow_fan_out(conductor, store, repo, unique, params)
+    with worker(env, tmp_path / "w.log", concurrency=3):
+        done = perago_cli(
+            ["run", name, "--wait", "--timeout", "240", "--input", json.dumps(workflow_input)],
+            env,
+            timeout=300,
+        )
+    assert done.returncode == 3, done.stderr
+    assert "task part (" in done.stderr and "FAILED_WITH_TERMINAL_ERROR after 1 attempt" in (
+        done.stderr
+    ), done.stderr
+    assert f"NameError: name 'parms' is not defined (at {taskmod.__file__}:{line})" in (
+        done.stderr
+    ), done.stderr
+    assert "in sub-workflow pt_one_part_" in done.stderr and "task day_d1" in done.stderr
+    assert "no reason given" not in done.stderr
+    assert "/log" in done.stderr  # where the traceback is
 
 
 def test_partitions_failing_at_once_keep_their_retries_inside_sub_workflows(

@@ -71,7 +71,7 @@ def test_a_code_error_fails_the_task_after_one_attempt(tmp_path: Path, kind: str
     [(status, reason)] = _run(tmp_path, "te_strict", kind)
     assert status == "FAILED_WITH_TERMINAL_ERROR"
     assert ("NameError" if kind == "name" else "TypeError") in reason
-    assert "Not retried: an error of the code" in reason and "terminal_errors=()" in reason
+    assert "not retried: an error of the code" in reason and "terminal_errors=()" in reason
     assert "test_terminal_errors.py" in reason  # the line of the author's code
 
 

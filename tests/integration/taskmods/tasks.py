@@ -122,6 +122,7 @@ class PartParams(BaseModel):
     rows: int = 3
     sleep: float = 0.0
     fail_first: bool = False  # the first attempt fails (retryable)
+    typo: bool = False  # a NameError in the body (terminal: an error of the code)
 
 
 class PartResult(BaseModel):
@@ -140,6 +141,8 @@ def part(workspace: Path, params: PartParams) -> PartResult:
     time.sleep(params.sleep)
     if params.fail_first and info().retry_count == 0:
         raise RuntimeError(f"partition {params.part} fails its first attempt on purpose")
+    if params.typo:
+        return PartResult(part=parms.part, rows=0)  # type: ignore[name-defined]  # noqa: F821
     (workspace / "rows.csv").write_text("".join(f"{params.part},{i}\n" for i in range(params.rows)))
     return PartResult(part=params.part, rows=params.rows)
 
