@@ -104,12 +104,25 @@ def up_cmd(
             "default from PERAGO_STACK_PROFILE.",
         ),
     ] = None,
+    webui: Annotated[
+        bool,
+        typer.Option(
+            "--webui/--no-webui",
+            help="On a first build, embed lakeFS's web UI (npm, about 100 s); --no-webui "
+            "skips it.",
+        ),
+    ] = True,
 ) -> None:
-    """Start lakeFS and Conductor (a running stack is reused) and wait until they answer."""
+    """Start lakeFS and Conductor (a running stack is reused) and wait until they answer.
+
+    Ports: PERAGO_LAKEFS_PORT (18000), PERAGO_CONDUCTOR_PORT (18080), and on the production
+    profile PERAGO_POSTGRES_PORT (18432) and PERAGO_S3_PORT (18900); a running stack keeps
+    its ports until `perago dev down`. State: PERAGO_STACK_DIR (docs/local-stack.md).
+    """
     from perago_dev import spark_cluster, stack
 
     started = time.monotonic()
-    info = _run(lambda: stack.up(progress=True, profile=profile))
+    info = _run(lambda: stack.up(progress=True, profile=profile, webui=webui))
     cluster = _run(lambda: spark_cluster.up(progress=True)) if spark else None
     elapsed = time.monotonic() - started
     typer.echo(f"{info.profile} stack ready in {elapsed:.1f}s ({info.stack_dir})", err=True)

@@ -607,7 +607,9 @@ def _check_profile(paths: StackPaths, profile: str, running: Mapping[str, int]) 
         )
 
 
-def up(*, progress: bool = False, profile: str | None = None) -> StackInfo:
+def up(
+    *, progress: bool = False, profile: str | None = None, webui: bool = True
+) -> StackInfo:
     """Build if needed, start what is not running, wait until all answer. Idempotent.
 
     ``profile``: ``embedded`` or ``production`` (default: ``PERAGO_STACK_PROFILE``, else the
@@ -622,7 +624,7 @@ def up(*, progress: bool = False, profile: str | None = None) -> StackInfo:
     if profile == "production":
         binaries.append(paths.bin / "versitygw")
     if paths.root is not None or not all(b.exists() for b in binaries):
-        build(progress=progress, production=profile == "production")
+        build(progress=progress, production=profile == "production", webui=webui)
     paths.make()
     with _locked(paths):
         running = _running(paths)
