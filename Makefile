@@ -124,7 +124,8 @@ soak: install
 	$(BIN)/python -m benchmarks.worker_soak 2000
 
 ## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step, fan-out
-## and named inputs (reads), then the model tests too large for `make test` (marked exhaustive)
+## and named inputs (reads), then the model tests too large for `make test` (marked exhaustive);
+## CI runs it after `make test` (.ci/run), about 18 minutes on two cores
 model-check: $(STAMP)
 	$(BIN)/pytest -q -ra -m exhaustive -n 2 tests/unit
 	$(BIN)/python -m model
