@@ -412,18 +412,12 @@ def test_members_hand_on_the_head_lakefs_made_with_or_without_the_hook(
     assert store.head_reads <= 2 * leases.grants + 1, store.head_reads
 
 
-@pytest.mark.parametrize("runs_hooks", [True, False], ids=["hook-run", "hook-file-not-run"])
-def test_a_foreign_commit_before_the_first_merge_of_a_group_is_never_published_over(
-    tmp_path: Path, runs_hooks: bool
-) -> None:
-    """Issue 38's reproduction: the hook's file is in the tree, four disjoint members share
-    a grant, and a foreign commit lands between the first member's publish fence and its
-    merge. Whether or not lakeFS runs the hook, no member completes: with the hook the
-    first merge is refused (412), without it the first merge lands on the foreign commit
-    and its post-publish check fails it; that merge hands nothing on (its first parent is
-    not the head its fence saw), so the others read the head, see the foreign commit and
-    fail closed. Handing on a merge commit built from the fence's head instead lets the
-    second member complete over the foreign commit."""
+def _foreign_commit_at_turn(
+    tmp_path: Path, *, runs_hooks: bool, turn: int
+) -> tuple[dict[str, object], list[Commit], Commit]:
+    """Four disjoint members of one group publish from one base, the hook's file in the
+    tree; a foreign commit lands right after the publish fence of the ``turn``-th turn.
+    Returns the results, the branch's history and the foreign commit."""
     store = HookedStore(runs_hooks=runs_hooks)
     store.create_repository("r")
     install(store, "r", "main")
@@ -441,8 +435,9 @@ def test_a_foreign_commit_before_the_first_merge_of_a_group_is_never_published_o
         if boundary is not Boundary.AFTER_PUBLISH_FENCE:
             return
         fences[0] += 1
-        if fences[0] == 1:  # the first turn, before its merge
+        if fences[0] == 1:  # every member has joined before the first merge
             _group_of(publisher, len(parts))
+        if fences[0] == turn:
             store.upload_bytes("r", "main", "elsewhere/foreign.txt", b"someone else")
             foreign.append(store.commit("r", "main", message="foreign", metadata={}))
 
@@ -451,10 +446,26 @@ def test_a_foreign_commit_before_the_first_merge_of_a_group_is_never_published_o
         results = _publish_all(publisher, parts, base, tmp_path)
     finally:
         remove()
-    assert all(isinstance(r, PublishFenceError) for r in results.values()), results
     history = store.log("r", "main", amount=20)
     assert foreign[0].id in {c.id for c in history}  # never replaced
-    over = history[: [c.id for c in history].index(foreign[0].id)]
+    return results, history, foreign[0]
+
+
+@pytest.mark.parametrize("runs_hooks", [True, False], ids=["hook-run", "hook-file-not-run"])
+def test_a_foreign_commit_before_the_first_merge_of_a_group_is_never_published_over(
+    tmp_path: Path, runs_hooks: bool
+) -> None:
+    """Issue 38's reproduction: the hook's file is in the tree, four disjoint members share
+    a grant, and a foreign commit lands between the first member's publish fence and its
+    merge. Whether or not lakeFS runs the hook, no member completes: with the hook the
+    first merge is refused (412), without it the first merge lands on the foreign commit
+    and its post-publish check fails it; that merge hands nothing on (its first parent is
+    not the head its fence saw), so the others read the head, see the foreign commit and
+    fail closed. Handing on a merge commit built from the fence's head instead lets the
+    second member complete over the foreign commit."""
+    results, history, foreign = _foreign_commit_at_turn(tmp_path, runs_hooks=runs_hooks, turn=1)
+    assert all(isinstance(r, PublishFenceError) for r in results.values()), results
+    over = history[: [c.id for c in history].index(foreign.id)]
     # Without the hook, the first member's merge landed on it (and failed its check).
     assert len(over) == (0 if runs_hooks else 1), [c.message for c in over]
 
@@ -469,41 +480,12 @@ def test_a_foreign_commit_after_a_handed_over_head_is_refused(
     closed. Without the hook its merge lands on the foreign commit and the post-publish
     check fails it. The members after it read the head (nothing was handed on) and fail
     closed; the first member's publication and the foreign commit stay."""
-    store = HookedStore(runs_hooks=runs_hooks)
-    store.create_repository("r")
-    install(store, "r", "main")
-    base = store.branch_head("r", "main")
-    parts = [ident(f"p{i}", f"parts/p={i}/") for i in range(4)]
-    publisher = Publisher(
-        store,
-        _FlippingLedger([snap(p) for p in parts], ""),
-        worker_id="w",
-        leases=CountingLeases(),
-    )
-    fences, foreign = [0], []
-
-    def land_foreign(boundary: Boundary) -> None:
-        if boundary is not Boundary.AFTER_PUBLISH_FENCE:
-            return
-        fences[0] += 1
-        if fences[0] == 1:
-            _group_of(publisher, len(parts))
-        if fences[0] == 2:  # the second turn: after the first member's merge
-            store.upload_bytes("r", "main", "elsewhere/foreign.txt", b"someone else")
-            foreign.append(store.commit("r", "main", message="foreign", metadata={}))
-
-    remove = steps.observe(land_foreign)
-    try:
-        results = _publish_all(publisher, parts, base, tmp_path)
-    finally:
-        remove()
+    results, history, foreign = _foreign_commit_at_turn(tmp_path, runs_hooks=runs_hooks, turn=2)
     failed = [r.message for r in results.values() if isinstance(r, PublishFenceError)]
     assert len(failed) == 3, results  # every member after the foreign commit fails closed
     second = "destination head is" if runs_hooks else "post-publish check"
     assert sum(second in m for m in failed) == 1, failed
-    history = store.log("r", "main", amount=20)
-    assert foreign[0].id in {c.id for c in history}  # never replaced
-    over = history[: [c.id for c in history].index(foreign[0].id)]
+    over = history[: [c.id for c in history].index(foreign.id)]
     assert len(over) == (0 if runs_hooks else 1), [c.message for c in over]
     publications = [c for c in history if c.metadata.get("perago.kind") == "publication"]
     assert len(publications) == 1 + len(over)
