@@ -108,8 +108,7 @@ def up_cmd(
         bool,
         typer.Option(
             "--webui/--no-webui",
-            help="On a first build, embed lakeFS's web UI (npm, about 100 s); --no-webui "
-            "skips it.",
+            help="On a first build, embed lakeFS's web UI (npm, about 100 s); --no-webui skips it.",
         ),
     ] = True,
 ) -> None:

@@ -607,9 +607,7 @@ def _check_profile(paths: StackPaths, profile: str, running: Mapping[str, int]) 
         )
 
 
-def up(
-    *, progress: bool = False, profile: str | None = None, webui: bool = True
-) -> StackInfo:
+def up(*, progress: bool = False, profile: str | None = None, webui: bool = True) -> StackInfo:
     """Build if needed, start what is not running, wait until all answer. Idempotent.
 
     ``profile``: ``embedded`` or ``production`` (default: ``PERAGO_STACK_PROFILE``, else the
