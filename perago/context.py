@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perago.errors import NoAttemptError
+from perago.steps import Phase
 
 __all__ = [
     "AttemptControl",
@@ -56,6 +57,9 @@ class AttemptControl:
         self._on_cancel: list[Callable[[], None]] = []
         #: The body saw the cancellation (it may have stopped half way): publish nothing.
         self.observed = False
+        #: Where the delivery is, from its poll to its report: the runner's phases, then the
+        #: worker's (report, after report). Failure messages and interrupt logs name it.
+        self.phase = Phase.START
 
     def cancel(self, reason: str) -> None:
         """Ask the body to stop; the first reason stays."""

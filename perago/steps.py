@@ -26,6 +26,9 @@ class Phase(StrEnum):
     DIFF = "diff"
     STAGE = "stage"
     PUBLISH = "publish"
+    #: The worker's part, after the run: sending the outcome, then cleaning up after it.
+    REPORT = "report"
+    AFTER_REPORT = "after report"
 
 
 class Boundary(StrEnum):

@@ -45,7 +45,6 @@ class RunningAttempt:
     defn: TaskDefinition[Any, Any]
     task: TaskSnapshot
     identity: AttemptIdentity
-    step: Phase = Phase.START
     target: WorkspaceTarget | None = None
     params: BaseModel | None = None
     #: The workflow pinned the input ref (``workspace.ref``): every retry starts from it.
@@ -92,9 +91,14 @@ class RunningAttempt:
         self.target, self.params = target, params
         self.identity = replace(self.identity, scope=scope)
 
+    @property
+    def step(self) -> Phase:
+        """Where the attempt is (kept once, on its control, which the worker shares)."""
+        return self.control.phase
+
     def enter(self, phase: Phase) -> None:
         """The attempt goes on to ``phase`` (failure messages name it; its trace opens it)."""
-        self.step = phase
+        self.control.phase = phase
         tracing.phase(PHASE_SPANS[phase])
 
     @property

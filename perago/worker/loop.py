@@ -28,7 +28,7 @@ from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.failure_text import bounded_traceback, describe
 from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.publish.transaction import release_lease
-from perago.steps import Boundary
+from perago.steps import Boundary, Phase
 from perago.store import VersionStore
 from perago.task import TaskDefinition
 from perago.worker.async_bodies import AsyncBodies, Running
@@ -65,8 +65,6 @@ class _Delivery:
     record: Any = None
     after_report: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     stop_extending: threading.Event = field(default_factory=threading.Event)
-    #: Where the attempt is, for the log of an interrupted one: run, report, after report.
-    step: str = "run"
     trace: tracing.AttemptTrace | None = None
 
     @property
@@ -463,20 +461,20 @@ class Worker:
         """Report the outcome, then remove the attempt's directory and record."""
         delivery.stop_extending.set()
         metrics.ATTEMPTS.labels(delivery.snapshot.task_type, finished.outcome.status).inc()
-        delivery.step = "report"
+        delivery.control.phase = Phase.REPORT
         if delivery.trace is not None:
             delivery.trace.phase("report")
         self._report(delivery.snapshot, finished, delivery.updates)
         if delivery.trace is not None:
             delivery.trace.end(finished.outcome.status, finished.outcome.reason)
-        delivery.step = "after report"
+        delivery.control.phase = Phase.AFTER_REPORT
         delivery.after_report.close()
         self._records.remove(delivery.record)
         steps.reached(Boundary.AFTER_COMPLETE)
 
     def _close(self, delivery: _Delivery) -> None:
         if delivery.trace is not None:  # ended in its report already, unless interrupted
-            delivery.trace.end("INTERRUPTED", f"interrupted at {delivery.step}")
+            delivery.trace.end("INTERRUPTED", f"interrupted at {delivery.control.phase}")
         delivery.stop_extending.set()
         delivery.after_report.close()
         metrics.IN_FLIGHT.dec()
@@ -736,11 +734,11 @@ def _interrupted(delivery: _Delivery, e: Interrupt) -> None:
     metrics.REPORT_PROBLEMS.labels("interrupted").inc()
     log.warning(
         "attempt_interrupted",
-        reported=delivery.step == "after report",
+        reported=delivery.control.phase is Phase.AFTER_REPORT,
         workflow_id=snapshot.workflow_id,
         task_id=snapshot.task_id,
         retry_count=snapshot.retry_count,
-        step=delivery.step,
+        step=str(delivery.control.phase),
         interrupt=type(e).__name__,
     )
 
