@@ -8,10 +8,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perago.errors import NoAttemptError
-from perago.steps import Phase
+
+if TYPE_CHECKING:  # `import perago` loads the task API alone (tests/unit/test_boundaries.py)
+    from perago.steps import Phase
 
 __all__ = [
     "AttemptControl",
@@ -58,8 +60,9 @@ class AttemptControl:
         #: The body saw the cancellation (it may have stopped half way): publish nothing.
         self.observed = False
         #: Where the delivery is, from its poll to its report: the runner's phases, then the
-        #: worker's (report, after report). Failure messages and interrupt logs name it.
-        self.phase = Phase.START
+        #: worker's (report, after report); None before the runner starts. Failure messages
+        #: and interrupt logs name it.
+        self.phase: Phase | None = None
 
     def cancel(self, reason: str) -> None:
         """Ask the body to stop; the first reason stays."""

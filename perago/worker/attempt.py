@@ -94,7 +94,7 @@ class RunningAttempt:
     @property
     def step(self) -> Phase:
         """Where the attempt is (kept once, on its control, which the worker shares)."""
-        return self.control.phase
+        return self.control.phase or Phase.START
 
     def enter(self, phase: Phase) -> None:
         """The attempt goes on to ``phase`` (failure messages name it; its trace opens it)."""

@@ -474,7 +474,7 @@ class Worker:
 
     def _close(self, delivery: _Delivery) -> None:
         if delivery.trace is not None:  # ended in its report already, unless interrupted
-            delivery.trace.end("INTERRUPTED", f"interrupted at {delivery.control.phase}")
+            delivery.trace.end("INTERRUPTED", f"interrupted at {_phase(delivery)}")
         delivery.stop_extending.set()
         delivery.after_report.close()
         metrics.IN_FLIGHT.dec()
@@ -738,9 +738,14 @@ def _interrupted(delivery: _Delivery, e: Interrupt) -> None:
         workflow_id=snapshot.workflow_id,
         task_id=snapshot.task_id,
         retry_count=snapshot.retry_count,
-        step=str(delivery.control.phase),
+        step=_phase(delivery),
         interrupt=type(e).__name__,
     )
+
+
+def _phase(delivery: _Delivery) -> str:
+    """Where the delivery is, for logs ("start" before the runner began)."""
+    return str(delivery.control.phase or Phase.START)
 
 
 def _no_longer_ours(delivery: TaskSnapshot, now: TaskSnapshot | None) -> str:

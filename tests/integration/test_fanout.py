@@ -586,8 +586,17 @@ def test_a_writer_killed_after_publishing_inside_a_fork_is_replaced_in_its_scope
     put_workflow(conductor, name, fork("split", branches))
     input_ref = store.branch_head(repo, "main")
     wid = start(conductor, name, repo, ref=input_ref)
-    with worker({**env, "PERAGO_FAILPOINTS": "after_publish=kill"}, tmp_path / "k.log") as w:
+    # One attempt at a time here too: only the first writer has published when it dies
+    # (with a publication in flight beside it, its sibling could merge in the same group
+    # before the kill, leaving nothing for a scoped replacement to go over).
+    dying = {
+        **env,
+        "PERAGO_FAILPOINTS": "after_publish=kill",
+        "PERAGO_PUBLICATIONS_IN_FLIGHT": "0",
+    }
+    with worker(dying, tmp_path / "k.log") as w:
         w.wait_killed(conductor, wid)
+    assert len(publications(store, repo)) == 1  # the first writer's, and only it
     first = publications(store, repo)[0]
     killed = first.metadata["perago.task_ref"]
     # One attempt at a time, report included: the sibling (polled first) publishes before
