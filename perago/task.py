@@ -224,7 +224,7 @@ class TaskOptions:
     #: Attempts of this task one worker runs at once (0: only the worker's total limit).
     concurrency: int = 0
     #: Errors of the body that no retry can fix: they end the task terminally.
-    terminal_errors: tuple[type[BaseException] | str, ...] = ()
+    terminal_errors: tuple[type[BaseException] | str, ...] = CODE_ERRORS
 
     def __post_init__(self) -> None:
         if self.domain and not _DOMAIN.fullmatch(self.domain):

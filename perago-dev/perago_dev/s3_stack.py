@@ -1,4 +1,5 @@
-"""A stack variant with an S3 blockstore: versitygw and a lakeFS that stores there.
+"""Stack variants beside the running stack: an S3 blockstore (versitygw and a lakeFS that
+stores there), and a second lakeFS configured otherwise (``lakefs_beside``).
 
 The default stack keeps lakeFS's data on the local disk, where lakeFS cannot pre-sign URLs,
 so every byte passes through lakeFS. On S3 (or GCS, Azure) a client can move the bytes
@@ -31,9 +32,9 @@ from perago.errors import StackError
 from perago_dev import production
 from perago_dev.build import build_versitygw
 from perago_dev.paths import stack_paths
-from perago_dev.stack import HOST, Credentials, render_lakefs_config
+from perago_dev.stack import HOST, Credentials, load_credentials, render_lakefs_config
 
-__all__ = ["BUCKET", "S3Stack", "free_port", "s3_stack"]
+__all__ = ["BUCKET", "S3Stack", "free_port", "lakefs_beside", "s3_stack"]
 
 BUCKET = production.BUCKET
 _START_TIMEOUT = 60.0
@@ -164,3 +165,31 @@ def s3_stack(work: Path) -> Iterator[S3Stack]:
     finally:
         for proc in reversed(procs):
             _stop(proc)
+
+
+@contextlib.contextmanager
+def lakefs_beside(work: Path, *, actions: bool = True) -> Iterator[str]:
+    """A second lakeFS on a free port, its local KV and blockstore under ``work``, with the
+    running stack's keys: its endpoint, stopped on exit. ``actions=False``: it runs no hooks
+    (``actions.enabled: false``), for tests of what Perago assumes about hooks."""
+    paths = stack_paths()
+    lakefs = paths.bin / "lakefs"
+    if not lakefs.exists():
+        raise StackError(f"{lakefs} is missing: run `perago dev build` first")
+    shutil.rmtree(work / "lakefs", ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    creds = load_credentials(paths.credentials)
+    config = work / "lakefs.yaml"
+    config.write_text(
+        render_lakefs_config(data=work / "lakefs", port=port, credentials=creds, actions=actions)
+    )
+    config.chmod(0o600)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFS_")}
+    proc = _spawn([str(lakefs), "run", "-c", str(config)], work / "lakefs.log", clean)
+    try:
+        url = f"http://{HOST}:{port}"
+        _wait(f"{url}/api/v1/healthcheck", proc, work / "lakefs.log", "a second lakeFS")
+        yield url
+    finally:
+        _stop(proc)

@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +41,6 @@ __all__ = [
     "conductor_command",
     "down",
     "info",
-    "lakefs_beside",
     "load_credentials",
     "parse_port",
     "render_lakefs_config",
@@ -732,55 +731,6 @@ def status() -> dict[str, ServiceStatus]:
         url = _endpoint(service, ports[service])
         result[service] = ServiceStatus(service, pid is not None, pid, url, healthy)
     return result
-
-
-@contextlib.contextmanager
-def lakefs_beside(data: Path, *, actions: bool = True) -> Iterator[str]:
-    """A second lakeFS on a free loopback port, on the embedded profile's local KV and
-    blockstore under ``data``, with the stack's keys: its endpoint, stopped on exit.
-
-    For tests of a lakeFS configured otherwise than the stack's (``actions=False``: it runs
-    no hooks, as with ``actions.enabled: false``); ``perago dev build`` made its binary."""
-    paths = stack_paths()
-    binary = paths.bin / "lakefs"
-    if not binary.exists():
-        raise StackError(f"{binary} is missing: run `perago dev build`")
-    creds = load_credentials(paths.credentials)
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port = int(sock.getsockname()[1])
-    data.mkdir(parents=True, exist_ok=True)
-    config = data / "lakefs.yaml"
-    _write_private(
-        config, render_lakefs_config(data=data, port=port, credentials=creds, actions=actions)
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFS_")}
-    log = data / "lakefs.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [str(binary), "run", "-c", str(config)],
-            cwd=data,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + HEALTH_TIMEOUTS["lakefs"]
-        while not _answers("lakefs", port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise StackError(
-                    f"a second lakeFS did not start; last lines of {log}:\n{_tail(log)}"
-                )
-            time.sleep(0.25)
-        yield _endpoint("lakefs", port)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def info() -> StackInfo:

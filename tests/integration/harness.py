@@ -197,6 +197,12 @@ def attempts(wf: dict[str, Any], ref: str) -> list[dict[str, Any]]:
     return [t for t in wf.get("tasks", []) if t.get("referenceTaskName") == ref]
 
 
+def foreign_commit(store: LakeFSStore, repo: str, branch: str = "main") -> Commit:
+    """A commit by a writer that is not Perago (``elsewhere/foreign.txt``)."""
+    store.upload_bytes(repo, branch, "elsewhere/foreign.txt", b"someone else")
+    return store.commit(repo, branch, message="foreign writer", metadata={})
+
+
 def publications(store: LakeFSStore, repo: str, branch: str = "main") -> list[Commit]:
     """Commits on the target's first-parent history written by a Perago publication."""
     return [

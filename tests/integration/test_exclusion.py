@@ -17,6 +17,7 @@ from perago.publish.expected_head_hook import install
 from .harness import (
     WorkerProcess,
     attempts,
+    foreign_commit,
     one_step,
     publications,
     staging_branches,
@@ -145,10 +146,7 @@ def test_foreign_commit_between_fence_and_merge(
     }
     with worker(pausing, tmp_path / "w.log") as w:
         w.wait_for("failpoint_hit", failpoint="after_publish_fence")
-        f = tmp_path / "foreign.txt"
-        f.write_text("someone else")
-        store.upload(repo, "main", "elsewhere/foreign.txt", f)
-        foreign = store.commit(repo, "main", message="foreign writer", metadata={})
+        foreign = foreign_commit(store, repo)
         release.touch()
         wf = wait_workflow(conductor, wid)
     reason = attempts(wf, "step")[0]["reasonForIncompletion"]

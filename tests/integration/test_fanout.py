@@ -23,12 +23,13 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.failpoints import POINTS
 from perago.publish.expected_head_hook import install
-from perago_dev.stack import lakefs_beside
+from perago_dev.s3_stack import lakefs_beside
 
 from .harness import (
     attempt_spans,
     attempts,
     dynamic_fork,
+    foreign_commit,
     fork,
     held_leases,
     perago_cli,
@@ -183,10 +184,7 @@ def test_a_foreign_commit_after_a_group_member_handed_the_head_on_is_refused(
     with worker(pausing, tmp_path / "w.log", concurrency=2) as w:
         second = w.wait_for("publish_fence_passed", handed_over=True)
         w.wait_for("failpoint_hit", failpoint="after_publish_fence")
-        f = tmp_path / "foreign.txt"
-        f.write_text("someone else")
-        store.upload(repo, "main", "elsewhere/foreign.txt", f)
-        foreign = store.commit(repo, "main", message="foreign writer", metadata={})
+        foreign = foreign_commit(store, repo)
         release.touch()
         wf = wait_workflow(conductor, wid)
         joined = [e for e in w.events() if e.get("event") == "branch_lease_joined"]
@@ -251,10 +249,7 @@ def test_a_foreign_commit_before_a_group_merge_fails_closed_on_a_lakefs_that_run
             with worker(env, tmp_path / "w.log", concurrency=2) as w:
                 w.wait_for("failpoint_hit", failpoint="after_publish_fence")
                 w.wait_for("branch_lease_joined")
-                f = tmp_path / "foreign.txt"
-                f.write_text("someone else")
-                other.upload(repo, "main", "elsewhere/foreign.txt", f)
-                foreign = other.commit(repo, "main", message="foreign writer", metadata={})
+                foreign = foreign_commit(other, repo)
                 release.touch()
                 wf = wait_workflow(conductor, wid)
                 w.wait_for("attempt_finished", task_ref="left")  # both members have ended
