@@ -55,7 +55,7 @@ def _attempt(
         assert live.poll_count == delivery.poll_count + 1
     w._start(delivery)
     for t in threading.enumerate():
-        if t.name == f"perago-attempt-{delivery.task_id}-p{delivery.poll_count}":
+        if t.name.startswith(f"perago-attempt-{delivery.task_id}"):
             t.join(10)
     assert w.in_flight() == 0
 
