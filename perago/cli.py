@@ -177,7 +177,11 @@ def register(
     settings = config_module.load()
     tasks = discover(modules)
     wfs = load_workflows(workflows) if workflows else []
-    do_register(wiring.conductor_client(settings), tasks, wfs, params_extra=settings.params_extra)
+    warnings = do_register(
+        wiring.conductor_client(settings), tasks, wfs, params_extra=settings.params_extra
+    )
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
     typer.echo(
         f"registered {len(tasks)} task(s): {', '.join(t.name for t in tasks)}"
         + (f"; {len(wfs)} workflow(s): {', '.join(w['name'] for w in wfs)}" if wfs else "")

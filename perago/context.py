@@ -41,6 +41,8 @@ class AttemptInfo:
     repository: str
     branch: str
     input_ref: str
+    #: Which try of the body this is inside the attempt (0: the first; ``@task(body_retries)``).
+    body_try: int = 0
 
 
 class AttemptControl:

@@ -15,7 +15,8 @@ exception into an attempt's outcome.
     ├── GuardrailError              pre-guardrail: params or workspace input invalid (terminal)
     │   └── PolicyError             the worker's settings forbid that source or target
     ├── TaskError                   raised by task authors; non_retryable is their choice
-    │   └── CodeError               the body raised an error of the code (terminal)
+    │   ├── CodeError               the body raised an error of the code (terminal)
+    │   └── BodyTriesExhausted      the body failed every try its attempt allows (terminal)
     ├── ResultValidationError       post-guardrail: the result does not validate
     ├── WorkspaceError              materialize or diff failed
     │   └── UnsafePathError         symlink, device, or a path leaving the attempt directory
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 __all__ = [
     "AttemptFenceError",
+    "BodyTriesExhausted",
     "CodeError",
     "ConfigError",
     "ConflictError",
@@ -136,6 +138,21 @@ class CodeError(TaskError):
         "terminal_errors; perago.CODE_ERRORS by default). Fix the task and re-run the "
         "workflow; @task(terminal_errors=()) retries such errors"
     )
+
+
+class BodyTriesExhausted(TaskError):
+    """The body failed each try its attempt allows (``@task(body_retries)``); Conductor does
+    not try the task again, or every one of its retries would repeat as many tries. The
+    message is the last try's error."""
+
+    non_retryable = True
+
+    def advice(self, tries: int) -> str:
+        return (
+            f"the body failed all {tries} tries of this attempt (@task body_retries; each "
+            "try's traceback is in the task log). Not retried by Conductor: fix the cause "
+            "and re-run the workflow, or raise @task(body_retries=...)"
+        )
 
 
 class ResultValidationError(PeragoError):

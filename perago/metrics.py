@@ -96,6 +96,11 @@ REPORT_PROBLEMS = Counter(
     "(reported FAILED), by reason.",
     ["reason"],
 )
+BODY_RETRIES = Counter(
+    "perago_body_retries_total",
+    "Task bodies tried again inside their attempt after a failure (@task body_retries).",
+    ["task"],
+)
 STEP_BOUNDARIES = Counter(
     "perago_step_boundaries_total",
     "Step boundaries attempts passed (perago.steps.Boundary): how far attempts get.",

@@ -67,6 +67,12 @@ class WorkflowStep:
     #: What is wrong with the step's own orchestration settings (e.g. a dynamic fork
     #: without its task list), found by the adapter.
     problems: tuple[str, ...] = ()
+    #: The step runs inside a fork (a branch of a static fork, or a dynamic fork's task),
+    #: whose JOIN reads its attempts.
+    forked: bool = False
+    #: The task a dynamic fork runs once per element of a list it reads at run time: its
+    #: inputs are not known before (``inputs`` is None).
+    dynamic: bool = False
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,15 @@ class TaskOptions:
     concurrency: int = 0
     #: Errors of the body that no retry can fix: they end the task terminally.
     terminal_errors: tuple[type[BaseException] | str, ...] = CODE_ERRORS
+    #: Tries of a failing body repeated inside the same Conductor attempt (None: as many as
+    #: ``retry_count``; 0: a failing body is reported FAILED for Conductor to retry).
+    body_retries: int | None = None
+
+    @property
+    def body_tries(self) -> int:
+        """How many times one attempt may run the body (1 + its body retries)."""
+        retries = self.retry_count if self.body_retries is None else self.body_retries
+        return 1 + retries
 
     def __post_init__(self) -> None:
         if self.domain and not _DOMAIN.fullmatch(self.domain):
@@ -234,6 +243,13 @@ class TaskOptions:
             )
         if self.retry_count < 0:
             raise TaskDefinitionError("retry_count must be >= 0")
+        if self.body_retries is not None and (
+            not isinstance(self.body_retries, int) or self.body_retries < 0
+        ):
+            raise TaskDefinitionError(
+                f"body_retries must be a whole number >= 0 (or None: as many as retry_count), "
+                f"got {self.body_retries!r}"
+            )
         if not isinstance(self.concurrency, int) or self.concurrency < 0:
             raise TaskDefinitionError(
                 f"concurrency must be a whole number >= 1 (or 0: no limit of its own), got "
@@ -412,6 +428,7 @@ def task(
     domain: str = "",
     concurrency: int = 0,
     terminal_errors: Sequence[type[BaseException] | str] = CODE_ERRORS,
+    body_retries: int | None = None,
 ) -> _Decorator:
     """Declare a Perago task; ``name`` is the Conductor task type.
 
@@ -425,6 +442,16 @@ def task(
     programming errors and Spark's analysis errors (``CODE_ERRORS``). Pass ``()`` to retry
     every error, or ``(*CODE_ERRORS, MyError)`` to add your own; a dotted name matches a
     class of that name in that package (for optional libraries such as pyspark).
+
+    A body that fails with any other error is tried again inside the same Conductor
+    attempt, up to ``body_retries`` times (default: ``retry_count``), each try in a fresh
+    workspace at the same input ref, ``retry_delay`` doubling between tries; when the tries
+    run out the task fails terminally. Conductor's own ``retryCount`` (``retry_count``) is
+    then left for what the attempt cannot repeat itself: a worker that died, a timeout, a
+    failed publication. A fork's JOIN may cancel Conductor's retries of several branches
+    that fail at once, never the tries inside an attempt (docs/tasks.md, "Retries").
+    ``body_retries=0`` reports a failing body FAILED for Conductor to retry, as a plain
+    Conductor worker does.
     """
     if not isinstance(name, str) or not _TASK_NAME.match(name):
         raise TaskDefinitionError(
@@ -442,6 +469,7 @@ def task(
         domain=domain,
         concurrency=concurrency,
         terminal_errors=tuple(terminal_errors),
+        body_retries=body_retries,
     )
     return _Decorator(name, workspace, options)
 

@@ -241,19 +241,22 @@ def _schema(name: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "version": 1, "type": "JSON", "data": data}
 
 
-def _nested(task: dict[str, Any], workflow: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(workflow name, task) of every task under ``task``, including itself: fork branches,
-    loop bodies, switch cases and inline sub-workflow definitions."""
-    yield workflow, task
+def _nested(
+    task: dict[str, Any], workflow: str, forked: bool = False
+) -> Iterator[tuple[str, dict[str, Any], bool]]:
+    """(workflow name, task, inside a fork) of every task under ``task``, including itself:
+    fork branches, loop bodies, switch cases and inline sub-workflow definitions (a
+    sub-workflow's tasks are not inside its parent's fork: the child has its own decider)."""
+    yield workflow, task, forked
     for branch in task.get("forkTasks") or []:
         for t in branch:
-            yield from _nested(t, workflow)
+            yield from _nested(t, workflow, True)
     for key in ("loopOver", "defaultCase"):
         for t in task.get(key) or []:
-            yield from _nested(t, workflow)
+            yield from _nested(t, workflow, forked)
     for case in (task.get("decisionCases") or {}).values():
         for t in case:
-            yield from _nested(t, workflow)
+            yield from _nested(t, workflow, forked)
     inline = (task.get("subWorkflowParam") or {}).get("workflowDefinition")
     if isinstance(inline, dict):
         name = f"{workflow} > {inline.get('name', task.get('taskReferenceName', '?'))}"
@@ -262,10 +265,11 @@ def _nested(task: dict[str, Any], workflow: str) -> Iterator[tuple[str, dict[str
 
 
 def workflow_steps(workflow: dict[str, Any]) -> Iterator[WorkflowStep]:
-    """Every step of a Conductor workflow definition, nested ones included."""
+    """Every step of a Conductor workflow definition, nested ones included; a dynamic fork
+    that names its task (``forkTaskName``) adds that task as a forked step."""
     name = str(workflow.get("name", "?"))
     for top in workflow.get("tasks") or []:
-        for wf_name, t in _nested(top, name):
+        for wf_name, t, forked in _nested(top, name):
             kind = str(t.get("type", "SIMPLE")).upper() or "SIMPLE"
             problems = []
             if kind == "FORK_JOIN_DYNAMIC" and not t.get("forkTaskName"):
@@ -280,7 +284,17 @@ def workflow_steps(workflow: dict[str, Any]) -> Iterator[WorkflowStep]:
                 task_type=str(t.get("name", "")) if kind == "SIMPLE" else "",
                 inputs=t.get("inputParameters"),
                 problems=tuple(problems),
+                forked=forked,
             )
+            if kind == "FORK_JOIN_DYNAMIC" and t.get("forkTaskName"):
+                yield WorkflowStep(
+                    workflow=wf_name,
+                    reference_name=f"{t.get('taskReferenceName', '')}[*]",
+                    task_type=str(t["forkTaskName"]),
+                    inputs=None,
+                    forked=True,
+                    dynamic=True,
+                )
 
 
 def worker_tasks(tasks: Iterable[dict[str, Any]]) -> Iterator[tuple[str, str]]:

@@ -16,7 +16,7 @@ from perago.adapters.conductor import (
     workflow_def_defaults,
     workflow_steps,
 )
-from perago.conductor.workflow_check import workflow_problems
+from perago.conductor.workflow_check import fork_retry_warnings, workflow_problems
 from perago.errors import RegistrationError, TaskDefinitionError
 from perago.task import TaskDefinition
 
@@ -135,8 +135,10 @@ def register(
     workflows: Sequence[dict[str, Any]] = (),
     *,
     params_extra: str = "forbid",
-) -> None:
+) -> list[str]:
     """Upsert task definitions, then workflows; a workflow naming an unknown task is an error.
+    Returns warnings: what the definitions risk without being wrong (a fork of tasks that
+    leave their retries to Conductor).
 
     The built-in write-audit-publish tasks (``perago.wap``) are added when a workflow uses
     them (their workers must still list ``perago.wap`` among their modules). Workflows are
@@ -176,3 +178,4 @@ def register(
         conductor.put_workflow_defs(
             [{k: v for k, v in wf.items() if k != "_source"} for wf in workflows]
         )
+    return [w for wf in workflows for w in fork_retry_warnings(workflow_steps(wf), by_name)]

@@ -21,7 +21,7 @@ from perago.prefix_templates import render_prefix, template_fields
 from perago.task import TaskDefinition
 from perago.task_io import InputSourceOverride, unknown_param_keys
 
-__all__ = ["workflow_problems"]
+__all__ = ["fork_retry_warnings", "workflow_problems"]
 
 
 def _is_expression(value: Any) -> bool:
@@ -134,8 +134,33 @@ def workflow_problems(
         where = f"workflow {step.workflow!r}, task {step.reference_name!r}"
         found += [f"{where}: {problem}" for problem in step.problems]
         defn = tasks.get(step.task_type)
-        if defn is None:
+        if defn is None or step.dynamic:
             continue
         problems = _task_problems(defn, step.inputs, params_extra)
         found += [f"{where} ({defn.name}): {p}" for p in problems]
     return found
+
+
+def fork_retry_warnings(
+    steps: Iterable[WorkflowStep], tasks: Mapping[str, TaskDefinition[Any, Any]]
+) -> list[str]:
+    """What ``perago register`` warns about a fork: a forked task that leaves a failed body
+    to Conductor's retries (``body_retries=0`` with a ``retry_count``). Conductor's JOIN
+    may fail the workflow on such a FAILED attempt before its retry exists, cancelling the
+    retry, when several branches fail at once (docs/tasks.md, "Retries")."""
+    warnings = []
+    for step in steps:
+        defn = tasks.get(step.task_type)
+        if defn is None or not step.forked:
+            continue
+        options = defn.options
+        if options.body_tries == 1 and options.retry_count > 0:
+            warnings.append(
+                f"workflow {step.workflow!r}, task {step.reference_name!r} ({defn.name}) runs in "
+                f"a fork and leaves a failed body to Conductor's retries (body_retries=0, "
+                f"retry_count={options.retry_count}): Conductor's JOIN may cancel those "
+                "retries when several branches fail at once, failing the workflow. Drop "
+                "body_retries=0 (the body is then tried again inside its attempt), or wrap "
+                "the task in a SUB_WORKFLOW per branch (docs/tasks.md, Retries)"
+            )
+    return warnings

@@ -55,6 +55,12 @@ class RunningAttempt:
     control: AttemptControl = field(default_factory=AttemptControl)
     #: It ended drained or cancelled (a lineage ABORT, not a FAIL).
     aborted: bool = False
+    #: The body's try inside this attempt (0: the first; ``@task(body_retries)``).
+    body_try: int = 0
+    #: The earlier tries' failures (their tracebacks), for the task log.
+    failed_tries: list[str] = field(default_factory=list)
+    #: The body failed its last allowed try with an error a try could fix: terminal.
+    tries_ran_out: bool = False
 
     @classmethod
     def start(
@@ -124,6 +130,7 @@ class RunningAttempt:
             repository=target.repository,
             branch=target.branch,
             input_ref=target.input_ref,
+            body_try=self.body_try,
         )
 
     def log_context(self) -> dict[str, Any]:

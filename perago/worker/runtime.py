@@ -6,6 +6,7 @@ the failure matrix of docs/protocol.md.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -14,17 +15,19 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from pydantic import BaseModel, ValidationError
 
 from perago import lineage_events, metrics, steps, tracing
+from perago.adapters.retry_policy import body_retry_wait
 from perago.config import Settings
 from perago.context import AttemptControl, attempt_context
 from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.errors import (
     AttemptFenceError,
+    BodyTriesExhausted,
     CodeError,
     GuardrailError,
     LeaseLostError,
@@ -63,6 +66,7 @@ from perago.workspace import (
     AttemptDirectory,
     ContentCache,
     Diff,
+    Manifest,
     compute_diff,
     local_path_for,
     materialize,
@@ -78,6 +82,8 @@ __all__ = [
     "check_result",
     "outcome_of",
 ]
+
+T = TypeVar("T")
 
 #: A full lakeFS commit id (64 hex digits): checked through the branch it is read with.
 _COMMIT_ID = re.compile(r"^[0-9a-f]{64}$")
@@ -415,6 +421,8 @@ class AttemptRunner:
                 non_retryable=e.non_retryable,
                 traceback=trace.text if trace else None,
             )
+            if attempt.tries_ran_out:
+                return Finished(_out_of_tries(attempt, e, trace))
             return Finished(outcome_of(e, where=attempt.step, trace=trace))
         except Exception as caught:  # noqa: BLE001 - any failure of user code or I/O fails it
             failure = hopeless(
@@ -435,6 +443,8 @@ class AttemptRunner:
                 terminal=failure is not caught,
                 traceback=trace.text if trace else None,
             )
+            if attempt.tries_ran_out:
+                return Finished(_out_of_tries(attempt, caught, trace))
             advice = CodeError.ADVICE if isinstance(failure, CodeError) else ""
             return Finished(outcome_of(failure, where=attempt.step, advice=advice, trace=trace))
 
@@ -549,19 +559,6 @@ class AttemptRunner:
         attempt.after_report.callback(attempt_dir.remove)
         if self.cache is not None:  # runs first: unchanged files go to the cache, not away
             attempt.after_report.callback(self.cache.adopt, attempt_dir.workspace)
-        manifest = materialize(
-            self._store,
-            target.repository,
-            target.input_ref,
-            prefix,
-            attempt_dir.workspace,
-            parallelism=self._settings.transfer_parallelism,
-            cache=self.cache,
-        )
-        manifest.save(attempt_dir.manifest_path)
-        log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
-        metrics.FILES.labels("download").inc(len(manifest.entries))
-        metrics.BYTES.labels("download").inc(manifest.total_bytes)
         inputs = (
             local_inputs(
                 self._store,
@@ -574,9 +571,34 @@ class AttemptRunner:
             if target.reads
             else None
         )
-        steps.reached(Boundary.AFTER_MATERIALIZE)
-        checked = yield from self._body_and_checks(
-            attempt, attempt_dir.workspace, inputs.view if inputs else None
+
+        def one_try() -> Generator[AsyncBody, Any, tuple[Manifest, BaseModel]]:
+            if attempt.body_try:  # a fresh workspace at the same input ref
+                attempt.enter(Phase.MATERIALIZE)
+                if self.cache is not None:
+                    self.cache.adopt(attempt_dir.workspace)
+                attempt_dir.empty_workspace()
+            manifest = materialize(
+                self._store,
+                target.repository,
+                target.input_ref,
+                prefix,
+                attempt_dir.workspace,
+                parallelism=self._settings.transfer_parallelism,
+                cache=self.cache,
+            )
+            manifest.save(attempt_dir.manifest_path)
+            log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
+            metrics.FILES.labels("download").inc(len(manifest.entries))
+            metrics.BYTES.labels("download").inc(manifest.total_bytes)
+            steps.reached(Boundary.AFTER_MATERIALIZE)
+            checked = yield from self._body_and_checks(
+                attempt, attempt_dir.workspace, inputs.view if inputs else None
+            )
+            return manifest, checked
+
+        manifest, checked = yield from self._body_tries(
+            attempt, one_try, before_retry=inputs.check_unchanged if inputs else None
         )
         if inputs is not None:
             inputs.check_unchanged()
@@ -618,10 +640,13 @@ class AttemptRunner:
         """In place: the body reads the input ref and writes the staging branch over S3."""
         attempt.enter(Phase.STAGE)
         me, target, prefix = attempt.identity, attempt.resolved_target(), attempt.prefix
-        staging = self._publisher.open_in_place(me, target)
         repo = target.repository
-        try:
-            inputs = remote_inputs(target.reads)
+        inputs = remote_inputs(target.reads)
+
+        def one_try() -> Generator[AsyncBody, Any, BaseModel]:
+            if attempt.body_try:  # a fresh staging branch at the same input ref
+                attempt.enter(Phase.STAGE)
+            staging = self._publisher.open_in_place(me, target)
             remote = RemoteWorkspace(
                 input_uri=f"s3a://{repo}/{target.input_ref}/{prefix}",
                 output_uri=f"s3a://{repo}/{staging}/{prefix}",
@@ -631,14 +656,83 @@ class AttemptRunner:
                 prefix=prefix,
                 inputs=dict(inputs),
             )
-            checked = yield from self._body_and_checks(attempt, remote, inputs)
-        except BaseException:
-            self._publisher.cancel(repo, staging)
-            raise
+            try:
+                return (yield from self._body_and_checks(attempt, remote, inputs))
+            except BaseException:
+                self._publisher.cancel(repo, staging)
+                raise
+
+        checked = yield from self._body_tries(attempt, one_try)
         attempt.enter(Phase.PUBLISH)
         # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
         publication = self._publisher.publish_in_place(me, target, prefix=prefix)
         return self._completed(target, publication, checked)
+
+    def _body_tries(
+        self,
+        attempt: RunningAttempt,
+        one_try: Callable[[], Generator[AsyncBody, Any, T]],
+        *,
+        before_retry: Callable[[], None] | None = None,
+    ) -> Generator[AsyncBody, Any, T]:
+        """Run ``one_try`` (a fresh workspace, then the body) until it succeeds, or fails in
+        a way another try cannot fix: outside the body, with a terminal error, cancelled, or
+        on its last allowed try (``@task(body_retries)``), which is then terminal. Another
+        try inside the attempt is one no JOIN can cancel (docs/tasks.md, "Retries")."""
+        tries = attempt.defn.options.body_tries
+        try:
+            while True:
+                try:
+                    return (yield from one_try())
+                except Exception as e:
+                    delay = self._next_try_in(attempt, e, tries)
+                    if delay is None:
+                        raise
+                if attempt.defn.is_async:  # no thread held while it waits
+                    yield AsyncBody(asyncio.sleep(delay))
+                else:
+                    attempt.control.wait(delay)
+                if attempt.control.cancelled:
+                    raise WorkerShutdown(
+                        f"the attempt was cancelled ({attempt.control.reason}) while it "
+                        "waited to try the body again; nothing published"
+                    )
+                attempt.body_try += 1
+                if before_retry is not None:
+                    before_retry()
+        finally:
+            attempt.control.end_body()
+
+    def _next_try_in(self, attempt: RunningAttempt, e: Exception, tries: int) -> float | None:
+        """After a failed try: the seconds to wait before the next one (logged for the task
+        log), or None when there is none."""
+        retryable = (
+            attempt.step is Phase.BODY
+            and not (isinstance(e, PeragoError) and e.non_retryable)
+            and not is_terminal(e, attempt.defn.options.terminal_errors)
+            and not isinstance(e, ImportError)
+        )
+        if not retryable or tries == 1:
+            return None
+        done = attempt.body_try + 1
+        trace = _authors_traceback(e)
+        text = trace.text if trace is not None else describe(e)
+        attempt.failed_tries.append(f"try {done} of {tries} failed:\n{text}")
+        if done >= tries:
+            attempt.tries_ran_out = True
+            return None
+        delay = body_retry_wait(attempt.defn.options.retry_delay.total_seconds(), done)
+        log.warning(
+            "body_try_failed",
+            body_try=attempt.body_try,
+            tries=tries,
+            error=describe(e),
+            retry_in=delay,
+            traceback=trace.text if trace else None,
+        )
+        metrics.BODY_RETRIES.labels(attempt.defn.name).inc()
+        tracing.annotate(body_tries=done + 1)
+        return delay
 
     def _body_and_checks(
         self, attempt: RunningAttempt, workspace: Any, inputs: Inputs[Any] | None = None
@@ -649,8 +743,6 @@ class AttemptRunner:
         except Exception:
             _stop_if_cancelled(attempt)
             raise
-        finally:
-            attempt.control.end_body()
         _stop_if_cancelled(attempt)
         log.info("body_finished")
         steps.reached(Boundary.AFTER_BODY)
@@ -717,8 +809,21 @@ class AttemptRunner:
         return Finished(outcome, publication.lease)
 
 
+def _out_of_tries(attempt: RunningAttempt, e: Exception, trace: UserTraceback | None) -> Outcome:
+    """The terminal outcome of a body that failed every try its attempt allows."""
+    tries = attempt.defn.options.body_tries
+    what = e.message if isinstance(e, PeragoError) else describe(e)
+    failure = BodyTriesExhausted(what)
+    return outcome_of(failure, where=attempt.step, advice=failure.advice(tries), trace=trace)
+
+
 def _ended(attempt: RunningAttempt, finished: Finished) -> Finished:
-    """Tell the trace and the lineage receiver how the attempt ended."""
+    """Tell the trace and the lineage receiver how the attempt ended; the task log gets the
+    earlier tries' failures of its body before the outcome's own details."""
+    if attempt.failed_tries:
+        earlier = attempt.failed_tries[: -1 if attempt.tries_ran_out else None]
+        details = "\n\n".join([*earlier, finished.outcome.details])
+        finished = replace(finished, outcome=replace(finished.outcome, details=details.strip()))
     outcome = finished.outcome
     tracing.annotate(output_ref=outcome.output.get("workspace", {}).get("ref"))
     lineage_events.finished(attempt, outcome, aborted=attempt.aborted)

@@ -43,6 +43,11 @@ class AttemptDirectory:
         self.workspace.mkdir(mode=0o700)
         self.manifest_path = self.root / "manifest.json"
 
+    def empty_workspace(self) -> None:
+        """Remove what a failed try left in ``workspace/``, for the next try to start fresh."""
+        shutil.rmtree(self.workspace, onerror=_force_remove)
+        self.workspace.mkdir(mode=0o700)
+
     def remove(self) -> None:
         try:
             shutil.rmtree(self.root, onerror=_force_remove)

@@ -322,11 +322,12 @@ def _start_sub_workflow_fan_out(
     repo: str,
     unique: str,
     params: dict[str, dict[str, Any]],
+    writer: str = "pt_part",
 ) -> str:
     """A DYNAMIC_FORK of one SUB_WORKFLOW per entry of ``params`` (its reference name ->
-    the `pt_part` params), each child one `pt_part` step from the same pinned input ref;
-    retries happen inside the children (docs/protocol.md, "Retries inside a fan-out")."""
-    name, workflow_input = _sub_workflow_fan_out(conductor, store, repo, unique, params)
+    the `pt_part` params), each child one ``writer`` step from the same pinned input ref;
+    Conductor's retries happen inside the children (docs/tasks.md, "Retries")."""
+    name, workflow_input = _sub_workflow_fan_out(conductor, store, repo, unique, params, writer)
     return conductor.start_workflow(name, workflow_input)
 
 
@@ -336,11 +337,12 @@ def _sub_workflow_fan_out(
     repo: str,
     unique: str,
     params: dict[str, dict[str, Any]],
+    writer: str = "pt_part",
 ) -> tuple[str, dict[str, Any]]:
     """The workflows of ``_start_sub_workflow_fan_out``, defined: the parent's name and
     input."""
-    child = f"pt_one_part_{unique}"
-    one = simple_task(f"pt_part_{unique}", "part", PINNED, {})
+    child = f"pt_one_part_{writer}_{unique}"
+    one = simple_task(f"{writer}_{unique}", "part", PINNED, {})
     one["inputParameters"]["params"] = "${workflow.input.params}"
     conductor.put_workflow_defs(
         [
@@ -413,7 +415,7 @@ def test_run_wait_names_the_failed_task_inside_a_sub_workflow_fan_out(
     assert "/log" in done.stderr  # where the traceback is
 
 
-def test_partitions_failing_at_once_keep_their_retries_inside_sub_workflows(
+def test_partitions_failing_at_once_keep_their_conductor_retries_inside_sub_workflows(
     env: dict[str, str],
     conductor: ConductorClient,
     store: LakeFSStore,
@@ -422,12 +424,13 @@ def test_partitions_failing_at_once_keep_their_retries_inside_sub_workflows(
     tmp_path: Path,
 ) -> None:
     """Conductor 3.32's JOIN may read a forked task's FAILED attempt before its retry exists
-    and fail the workflow (the retries end CANCELED; docs/protocol.md, "Retries inside a
-    fan-out"). Each partition wrapped in a SUB_WORKFLOW retries inside its child, which has
-    no JOIN: 4 of 8 partitions failing their first attempt at once, and it completes."""
+    and fail the workflow (the retries end CANCELED; docs/tasks.md, "Retries"). A writer
+    that leaves a failed body to Conductor (`body_retries=0`), wrapped in a SUB_WORKFLOW per
+    partition, retries inside its child, which has no JOIN: 4 of 8 partitions failing their
+    first attempt at once, and it completes."""
     days = [f"d{i}" for i in range(8)]
     params = {f"day_{d}": {"part": d, "fail_first": i % 2 == 0} for i, d in enumerate(days)}
-    wid = _start_sub_workflow_fan_out(conductor, store, repo, unique, params)
+    wid = _start_sub_workflow_fan_out(conductor, store, repo, unique, params, "pt_part_plain")
     with worker(env, tmp_path / "w.log", concurrency=4):
         wf = wait_workflow(conductor, wid, timeout=240)
     assert wf["status"] == "COMPLETED", [
@@ -439,6 +442,59 @@ def test_partitions_failing_at_once_keep_their_retries_inside_sub_workflows(
         inner = conductor.get_workflow(sub["subWorkflowId"])
         statuses = [t["status"] for t in attempts(inner, "part")]
         assert statuses == (["FAILED", "COMPLETED"] if i % 2 == 0 else ["COMPLETED"]), statuses
+    assert held_leases(store, repo) == []
+
+
+def test_a_plain_fork_keeps_its_retries_when_half_its_partitions_fail_at_once(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 39: a plain FORK_JOIN_DYNAMIC of SIMPLE writers, 4 of 8 failing their first
+    try at once, five rounds. Each failing body is tried again inside its own attempt,
+    which no JOIN can cancel: every round completes, one Conductor attempt per partition,
+    each partition published exactly once per round."""
+    name = f"pt_wf_plain_retries_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        dynamic_fork("${workflow.input.dynamicTasks}", "${workflow.input.dynamicTasksInput}"),
+    )
+    rounds, days = 5, [f"d{i}" for i in range(8)]
+    tasks = [{"name": f"pt_part_{unique}", "taskReferenceName": f"day_{d}"} for d in days]
+    with worker(env, tmp_path / "w.log", concurrency=8):
+        for n in range(rounds):
+            workspace = {"repository": repo, "branch": "main"}
+            inputs = {
+                f"day_{d}": {
+                    "workspace": workspace,
+                    "params": {"part": d, "rows": n + 1, "fail_first": i % 2 == 0},
+                }
+                for i, d in enumerate(days)
+            }
+            wid = conductor.start_workflow(
+                name,
+                {"workspace": workspace, "dynamicTasks": tasks, "dynamicTasksInput": inputs},
+            )
+            wf = wait_workflow(conductor, wid, timeout=240)
+            assert wf["status"] == "COMPLETED", (n, wf.get("reasonForIncompletion"))
+            for i, d in enumerate(days):
+                (one,) = attempts(wf, f"day_{d}")  # no Conductor retry at all
+                assert one["status"] == "COMPLETED"
+                assert len(text(store, repo, f"parts/p={d}/rows.csv").splitlines()) == n + 1
+                tried_again = any(
+                    "try 1 of 2 failed" in line for line in conductor.task_logs(one["taskId"])
+                )
+                assert tried_again == (i % 2 == 0), (n, d)
+            mine = [
+                c for c in publications(store, repo) if c.metadata.get("perago.workflow_id") == wid
+            ]
+            assert sorted(c.metadata["perago.scope"] for c in mine) == sorted(
+                f"parts/p={d}/" for d in days
+            ), (n, [c.metadata.get("perago.scope") for c in mine])
     assert held_leases(store, repo) == []
 
 

@@ -128,12 +128,14 @@ def test_failed_spark_job_publishes_nothing(
     seeded: str,
     kind: str,
 ) -> None:
+    """The body fails each of its tries (the attempt's own retries, each from a fresh
+    workspace or staging branch): one Conductor attempt, terminal, nothing left behind."""
     wf = _run(conductor, f"ps_{kind}_{spark_worker}", repo, unique, {"fail": True})
     assert wf["status"] == "FAILED"
-    steps = attempts(wf, "step")
-    assert all(t["status"] == "FAILED" for t in steps) and len(steps) == 2
-    reason = steps[0]["reasonForIncompletion"]
-    assert "task body" in reason
+    (step,) = attempts(wf, "step")
+    assert step["status"] == "FAILED_WITH_TERMINAL_ERROR"
+    reason = step["reasonForIncompletion"]
+    assert "task body" in reason and "the body failed all 2 tries of this attempt" in reason
     if kind == "local":  # the Java error's class and message, not a stack frame
         assert "n must be negative" in reason and "\tat " not in reason, reason
     assert store.branch_head(repo, "main") == seeded

@@ -51,7 +51,7 @@ class Gate:
 GATE = Gate()
 
 
-@task("async_writer", workspace=WorkspaceSpec(prefix="data/{name}/"))
+@task("async_writer", workspace=WorkspaceSpec(prefix="data/{name}/"), body_retries=0)
 async def async_writer(workspace: Path, params: Params) -> Result:
     me = perago.info()
     if params.mode == "gate":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -32,14 +33,22 @@ def _body(workspace: Path, params: P) -> R:
     raise FlakyNetwork("connection reset by peer")
 
 
-strict = task("te_strict", workspace=WorkspaceSpec(prefix="out/"), retry_count=2)(_body)
+NOW = timedelta(0)  # no wait between a body's tries
+strict = task("te_strict", workspace=WorkspaceSpec(prefix="out/"), retry_count=2, retry_delay=NOW)(
+    _body
+)
 lenient = task(
-    "te_lenient", workspace=WorkspaceSpec(prefix="out/"), retry_count=2, terminal_errors=()
+    "te_lenient",
+    workspace=WorkspaceSpec(prefix="out/"),
+    retry_count=2,
+    retry_delay=NOW,
+    terminal_errors=(),
 )(_body)
 own = task(
     "te_own",
     workspace=WorkspaceSpec(prefix="out/"),
     retry_count=2,
+    retry_delay=NOW,
     terminal_errors=(*CODE_ERRORS, FlakyNetwork),
 )(_body)
 
@@ -75,14 +84,18 @@ def test_a_code_error_fails_the_task_after_one_attempt(tmp_path: Path, kind: str
     assert "test_terminal_errors.py" in reason  # the line of the author's code
 
 
-def test_other_errors_are_retried(tmp_path: Path) -> None:
-    attempts = _run(tmp_path, "te_strict", "flaky")
-    assert [s for s, _ in attempts] == ["FAILED"] * 3  # the first try and 2 retries
+def test_other_errors_are_retried_inside_the_attempt(tmp_path: Path) -> None:
+    [(status, reason)] = _run(tmp_path, "te_strict", "flaky")  # one Conductor attempt
+    assert status == "FAILED_WITH_TERMINAL_ERROR"
+    assert "FlakyNetwork: connection reset by peer" in reason
+    assert "the body failed all 3 tries of this attempt" in reason
 
 
 def test_a_task_can_retry_code_errors_or_name_its_own_terminal_ones(tmp_path: Path) -> None:
-    assert [s for s, _ in _run(tmp_path / "a", "te_lenient", "name")] == ["FAILED"] * 3
-    assert [s for s, _ in _run(tmp_path / "b", "te_own", "flaky")] == ["FAILED_WITH_TERMINAL_ERROR"]
+    [(status, reason)] = _run(tmp_path / "a", "te_lenient", "name")
+    assert status == "FAILED_WITH_TERMINAL_ERROR" and "all 3 tries" in reason
+    [(status, reason)] = _run(tmp_path / "b", "te_own", "flaky")
+    assert status == "FAILED_WITH_TERMINAL_ERROR" and "not retried: an error of the code" in reason
 
 
 def test_dotted_names_match_a_class_of_that_name_in_that_package() -> None:

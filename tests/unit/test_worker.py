@@ -60,7 +60,7 @@ class Script:
 SCRIPT = Script()
 
 
-@task("writer", workspace=WorkspaceSpec(prefix="data/"))
+@task("writer", workspace=WorkspaceSpec(prefix="data/"), body_retries=0)  # Conductor retries
 def writer(workspace: Path, params: Params) -> Result:
     with SCRIPT.lock:
         SCRIPT.bodies += 1
@@ -94,7 +94,7 @@ def reader(workspace: Path, params: Params) -> Result:
     return Result(files=len(list(workspace.iterdir())))
 
 
-@task("sparky", workspace=WorkspaceSpec(prefix="data/"))
+@task("sparky", workspace=WorkspaceSpec(prefix="data/"), body_retries=0)
 def sparky(workspace: Path, params: Params, spark: Any) -> Result:
     spark.sql("SELECT 1").collect()
     return Result(files=0)

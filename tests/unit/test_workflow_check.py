@@ -146,3 +146,60 @@ def test_register_and_the_worker_refuse_the_same_misspelled_params_key(tmp_path:
     assert "'rwos'" in workflow_problems(dynamic, TASKS)[0]  # the key is known, not its value
     ignored = _problems(workflow_steps(wf), TASKS, params_extra="ignore")
     assert ignored == []
+
+
+plain_day = task(
+    "wc_plain_day", workspace=WorkspaceSpec(prefix="events/day={day}/"), body_retries=0
+)(day_task.fn)
+
+
+def test_register_warns_of_a_fork_of_tasks_that_leave_their_retries_to_conductor() -> None:
+    from perago.conductor.workflow_check import fork_retry_warnings
+
+    tasks = {"wc_day": day_task, "wc_plain_day": plain_day}
+    plain = {**use("plain", {"day": "d1"}), "name": "wc_plain_day"}
+    static = {
+        "name": "static",
+        "tasks": [
+            {"type": "FORK_JOIN", "forkTasks": [[use("tried_inside", {"day": "d2"})], [plain]]},
+            {**plain, "taskReferenceName": "after_the_join"},  # not in a fork: no JOIN race
+        ],
+    }
+    dynamic = {
+        "name": "dynamic",
+        "tasks": [
+            {
+                "type": "FORK_JOIN_DYNAMIC",
+                "taskReferenceName": "days",
+                "forkTaskName": "wc_plain_day",
+                "forkTaskInputs": "${workflow.input.days}",
+            }
+        ],
+    }
+    sub = {
+        "name": "wrapped",
+        "tasks": [
+            {
+                "type": "FORK_JOIN",
+                "forkTasks": [
+                    [
+                        {
+                            "type": "SUB_WORKFLOW",
+                            "taskReferenceName": "child",
+                            "subWorkflowParam": {
+                                "workflowDefinition": {"name": "one", "tasks": [plain]}
+                            },
+                        }
+                    ]
+                ],
+            }
+        ],
+    }
+    static_warnings = fork_retry_warnings(workflow_steps(static), tasks)
+    assert len(static_warnings) == 1
+    assert "task 'plain' (wc_plain_day) runs in a fork" in static_warnings[0]
+    assert "body_retries=0" in static_warnings[0] and "SUB_WORKFLOW" in static_warnings[0]
+    (dynamic_warning,) = fork_retry_warnings(workflow_steps(dynamic), tasks)
+    assert "task 'days[*]' (wc_plain_day)" in dynamic_warning
+    assert workflow_problems(dynamic, tasks) == []  # its inputs come from a list at run time
+    assert fork_retry_warnings(workflow_steps(sub), tasks) == []  # the child has no JOIN

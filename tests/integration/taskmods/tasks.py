@@ -42,6 +42,7 @@ class WriteResult(BaseModel):
     workspace=WorkspaceSpec(prefix="data/"),
     retry_count=RETRIES,
     response_timeout=RESPONSE_TIMEOUT,
+    body_retries=0,  # its tests are about Conductor's retries of a failed attempt
 )
 def write(workspace: Path, params: WriteParams) -> WriteResult:
     """Write, delete or link files as the params say; optionally fail."""
@@ -121,7 +122,7 @@ class PartParams(BaseModel):
     part: str
     rows: int = 3
     sleep: float = 0.0
-    fail_first: bool = False  # the first attempt fails (retryable)
+    fail_first: bool = False  # the body's first run fails (retryable)
     typo: bool = False  # a NameError in the body (terminal: an error of the code)
 
 
@@ -139,12 +140,23 @@ class PartResult(BaseModel):
 def part(workspace: Path, params: PartParams) -> PartResult:
     """Write one partition (a templated prefix): a fan-out writer."""
     time.sleep(params.sleep)
-    if params.fail_first and info().retry_count == 0:
-        raise RuntimeError(f"partition {params.part} fails its first attempt on purpose")
+    me = info()
+    if params.fail_first and me.retry_count == 0 and me.body_try == 0:
+        raise RuntimeError(f"partition {params.part} fails its first try on purpose")
     if params.typo:
         return PartResult(part=parms.part, rows=0)  # type: ignore[name-defined]  # noqa: F821
     (workspace / "rows.csv").write_text("".join(f"{params.part},{i}\n" for i in range(params.rows)))
     return PartResult(part=params.part, rows=params.rows)
+
+
+#: The same writer leaving a failed body to Conductor's retries (no tries inside an attempt).
+part_plain = task(
+    f"pt_part_plain_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="parts/p={part}/"),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+    body_retries=0,
+)(part.fn)
 
 
 @task(
