@@ -53,6 +53,10 @@ def test_the_first_pipeline_walkthrough_runs_as_written(
     assert (site / "perago").is_dir() and not list((site / "perago").rglob("go.mod"))
     assert not list((site / "perago").rglob("pom.xml"))
     assert not list((project / ".venv").glob("lib/python3*/site-packages/__editable__*perago*"))
+    # built out of tree (issue 39): the install wrote nothing into the checkout
+    for source in (ROOT, ROOT / "perago-dev"):
+        left = [p.name for p in source.iterdir() if p.name == "build" or p.suffix == ".egg-info"]
+        assert not left, f"pip install wrote {left} into {source}"
     repo = next(r for r in store.list_repositories() if r.startswith("greetings-"))
     try:
         head = store.get_commit(repo, store.branch_head(repo, "main"))

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import typer
-from setuptools import find_packages
 from typer.testing import CliRunner
 
 from perago import cli
@@ -22,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_runtime_wheel_carries_no_stack_recipes() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    packages = find_packages(ROOT, include=project["packages"]["find"]["include"])
-    assert "perago" in packages and not [p for p in packages if p.startswith("perago_dev")]
-    assert project["package-data"]["perago"] == ["py.typed"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["build-system"]["build-backend"] == "hatchling.build"  # builds out of tree
+    assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["perago"]
+    assert (ROOT / "perago" / "py.typed").is_file()
     for pattern in ("go.mod", "pom.xml", "package.json"):
         assert not list((ROOT / "perago").rglob(pattern)), pattern
     dockerfile = (ROOT / "deploy" / "docker" / "Dockerfile").read_text()
