@@ -96,6 +96,11 @@ REPORT_PROBLEMS = Counter(
     "(reported FAILED), by reason.",
     ["reason"],
 )
+STEPS_REUSED = Counter(
+    "perago_steps_reused_total",
+    "Attempts of incremental tasks answered from their step's earlier publication, body not run.",
+    ["task"],
+)
 BODY_RETRIES = Counter(
     "perago_body_retries_total",
     "Task bodies tried again inside their attempt after a failure (@task body_retries).",

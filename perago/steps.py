@@ -20,6 +20,8 @@ class Phase(StrEnum):
     """Where an attempt is (``RunningAttempt.step``)."""
 
     START = "start"
+    #: An incremental task looks for an earlier publication to answer with.
+    REUSE_CHECK = "reuse check"
     MATERIALIZE = "materialize"
     BODY = "task body"
     POST_GUARDRAIL = "post-guardrail"

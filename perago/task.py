@@ -6,6 +6,8 @@ found by ``perago register`` and not by the first attempt in production.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
 import re
 import typing
@@ -228,6 +230,11 @@ class TaskOptions:
     #: Tries of a failing body repeated inside the same Conductor attempt (None: as many as
     #: ``retry_count``; 0: a failing body is reported FAILED for Conductor to retry).
     body_retries: int | None = None
+    #: The body's output is a function of its named inputs, params and code: an attempt
+    #: whose earlier publication read the same is not run again (docs/tasks.md).
+    incremental: bool = False
+    #: What changes when the code's output would ("": a digest of the task's module source).
+    code_version: str = ""
 
     @property
     def body_tries(self) -> int:
@@ -264,6 +271,16 @@ class TaskOptions:
                     f"terminal_errors takes exception classes or dotted class names "
                     f"('pyspark.errors.AnalysisException'), not {kind!r}"
                 )
+        if not isinstance(self.code_version, str) or len(self.code_version) > 128:
+            raise TaskDefinitionError(
+                f"code_version must be a string of at most 128 characters (bump it when the "
+                f"output of the code changes), got {self.code_version!r}"
+            )
+        if self.code_version and not self.incremental:
+            raise TaskDefinitionError(
+                "code_version is only read by incremental tasks: add incremental=True, or "
+                "drop code_version"
+            )
         if self.response_timeout < timedelta(seconds=1):
             raise TaskDefinitionError("response_timeout must be at least 1 second")
         if self.timeout and self.response_timeout > self.timeout:
@@ -290,6 +307,18 @@ class TaskDefinition(Generic[P, R]):
     system: str = ""
     #: The body is ``async def``: the worker awaits it on its event loop (no thread held).
     is_async: bool = False
+
+    @functools.cached_property
+    def code_version(self) -> str:
+        """The task's ``code_version``, else ``src:`` and a digest of the source of the
+        module that defines it (of the function's code where the source is not at hand)."""
+        if self.options.code_version:
+            return self.options.code_version
+        try:
+            source = inspect.getsource(inspect.getmodule(self.fn) or self.fn).encode()
+        except (OSError, TypeError):
+            source = self.fn.__code__.co_code
+        return "src:" + hashlib.sha256(source).hexdigest()[:20]
 
     def __call__(self, workspace: Any, params: P, **kwargs: Any) -> R:
         """Call the body directly (handy in unit tests): no lakeFS, no Conductor. An
@@ -429,6 +458,8 @@ def task(
     concurrency: int = 0,
     terminal_errors: Sequence[type[BaseException] | str] = CODE_ERRORS,
     body_retries: int | None = None,
+    incremental: bool = False,
+    code_version: str = "",
 ) -> _Decorator:
     """Declare a Perago task; ``name`` is the Conductor task type.
 
@@ -452,6 +483,12 @@ def task(
     that fail at once, never the tries inside an attempt (docs/tasks.md, "Retries").
     ``body_retries=0`` reports a failing body FAILED for Conductor to retry, as a plain
     Conductor worker does.
+
+    ``incremental=True`` is the author's promise that the body's output is a function of
+    its named inputs, its params and its code: an attempt whose step published before from
+    inputs with the same content, the same params and the same ``code_version`` (by default
+    a digest of the task's module source), onto a scope nobody changed since, is not run;
+    it answers what that publication answered (docs/tasks.md, "Incremental re-runs").
     """
     if not isinstance(name, str) or not _TASK_NAME.match(name):
         raise TaskDefinitionError(
@@ -470,7 +507,14 @@ def task(
         concurrency=concurrency,
         terminal_errors=tuple(terminal_errors),
         body_retries=body_retries,
+        incremental=incremental,
+        code_version=code_version,
     )
+    if incremental and workspace.read_only:
+        raise TaskDefinitionError(
+            f"task {name}: incremental=True on a read-only task makes no sense: it publishes "
+            "nothing that a re-run could reuse; drop incremental"
+        )
     return _Decorator(name, workspace, options)
 
 

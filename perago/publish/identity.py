@@ -36,12 +36,17 @@ class WorkspaceTarget:
     reads: tuple[ResolvedInput, ...] = ()
     #: Refuse to publish over a head where an input read from this branch changed.
     serializable: bool = False
+    #: What an incremental task's publication records for later re-runs (its code
+    #: version, params digest and result; ``perago.worker.reuse.record``).
+    recorded: tuple[tuple[str, str], ...] = ()
 
     def reads_metadata(self) -> dict[str, str]:
-        """``perago.input.<name>: repository@commit/prefix`` for every input read."""
+        """``perago.input.<name>: repository@commit/prefix`` for every input read, and what
+        the publication records for incremental re-runs."""
         out: dict[str, str] = {}
         for read in self.reads:
             out.update(read.metadata())
+        out.update(self.recorded)
         return out
 
 

@@ -29,6 +29,7 @@ __all__ = ["PHASE_SPANS", "RunningAttempt"]
 #: boundaries split "stage" further into "fences" and "merge".
 PHASE_SPANS = {
     Phase.START: "guardrails",
+    Phase.REUSE_CHECK: "reuse check",
     Phase.MATERIALIZE: "materialize",
     Phase.BODY: "body",
     Phase.POST_GUARDRAIL: "post-guardrail",
@@ -61,6 +62,11 @@ class RunningAttempt:
     failed_tries: list[str] = field(default_factory=list)
     #: The body failed its last allowed try with an error a try could fix: terminal.
     tries_ran_out: bool = False
+
+    @property
+    def recompute(self) -> bool:
+        """The workflow asked this step to run even if it could reuse (``"recompute"``)."""
+        return self.task.input.get("recompute") is True
 
     @classmethod
     def start(
@@ -156,6 +162,11 @@ class RunningAttempt:
         """Bind the log context for the ``with`` block (re-entered once the target is known)."""
         with structlog.contextvars.bound_contextvars(**self.log_context()):
             yield
+
+    def resolved_params(self) -> BaseModel:
+        if self.params is None:
+            raise RuntimeError("the attempt has no params before its pre-guardrails passed")
+        return self.params
 
     def resolved_target(self) -> WorkspaceTarget:
         if self.target is None:

@@ -62,6 +62,7 @@ from perago.worker.inputs import (
     remote_inputs,
     resolve_inputs,
 )
+from perago.worker.reuse import find_reusable, record
 from perago.workspace import (
     AttemptDirectory,
     ContentCache,
@@ -329,6 +330,11 @@ class AttemptRunner:
                 f"invalid params for {defn.name}: {_validation_summary(e)}; fix the workflow's "
                 "task input"
             ) from e
+        if raw.get("recompute") not in (None, True, False):
+            raise GuardrailError(
+                f'"recompute" must be true or false (or absent), got {raw["recompute"]!r}; '
+                'pass "${workflow.input.recompute}" or a constant'
+            )
         overrides = input_overrides(defn, raw.get("inputs"))
         self._check_policy(defn, ws, params)
         try:
@@ -402,6 +408,10 @@ class AttemptRunner:
         try:
             if attempt.defn.system:
                 return self._run_system(attempt)
+            if attempt.defn.options.incremental:
+                reused = self._reused(attempt)
+                if reused is not None:
+                    return reused
             if attempt.defn.workspace.in_place:
                 return (yield from self._run_in_place(attempt))
             return (yield from self._run_local(attempt))
@@ -447,6 +457,34 @@ class AttemptRunner:
                 return Finished(_out_of_tries(attempt, caught, trace))
             advice = CodeError.ADVICE if isinstance(failure, CodeError) else ""
             return Finished(outcome_of(failure, where=attempt.step, advice=advice, trace=trace))
+
+    def _reused(self, attempt: RunningAttempt) -> Finished | None:
+        """An incremental attempt's answer from its step's earlier publication, when that
+        publication read what this attempt would (``perago.worker.reuse``); None: run."""
+        attempt.enter(Phase.REUSE_CHECK)
+        target, defn = attempt.resolved_target(), attempt.defn
+        if attempt.recompute:
+            log.info("reuse_skipped", reason="the workflow asked to recompute")
+            return None
+        verdict = find_reusable(self._store, defn, target, attempt.scope, attempt.resolved_params())
+        if verdict.reuse is None:
+            log.info("reuse_refused", reason=verdict.reason, candidate=verdict.candidate or None)
+            return None
+        reuse = verdict.reuse
+        log.info("step_reused", reused=reuse.commit.id, reason=verdict.reason)
+        metrics.STEPS_REUSED.labels(defn.name).inc()
+        tracing.annotate(reused=reuse.commit.id)
+        finished = self._completed(target, Publication(target.input_ref), reuse.result)
+        finished.outcome.output["reused"] = reuse.as_output()
+        return finished
+
+    def _recorded(self, attempt: RunningAttempt, result: BaseModel) -> WorkspaceTarget:
+        """The target, carrying what an incremental task's publication records."""
+        target = attempt.resolved_target()
+        if not attempt.defn.options.incremental:
+            return target
+        kept = record(attempt.defn, attempt.resolved_params(), result)
+        return replace(target, recorded=tuple(sorted(kept.items())))
 
     def _run_system(self, attempt: RunningAttempt) -> Finished:
         """The write-audit-publish tasks (``perago.wap``): branch work, no body."""
@@ -617,6 +655,7 @@ class AttemptRunner:
             log.info("only_renamed_same_bytes", renamed=len(diff.added))
             diff = Diff()  # the published tree would differ by file names alone
         attempt.enter(Phase.PUBLISH)
+        target = self._recorded(attempt, checked)
         publication = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)
         return self._completed(target, publication, checked)
 
@@ -665,6 +704,7 @@ class AttemptRunner:
         checked = yield from self._body_tries(attempt, one_try)
         attempt.enter(Phase.PUBLISH)
         # publish_in_place cancels the staging branch itself: Cancel runs once on every path.
+        target = self._recorded(attempt, checked)
         publication = self._publisher.publish_in_place(me, target, prefix=prefix)
         return self._completed(target, publication, checked)
 
