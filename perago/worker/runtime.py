@@ -66,12 +66,11 @@ from perago.worker.reuse import find_reusable, record
 from perago.workspace import (
     AttemptDirectory,
     ContentCache,
-    Diff,
     Manifest,
     compute_diff,
     local_path_for,
     materialize,
-    only_renames,
+    without_renamed_folders,
 )
 
 __all__ = [
@@ -651,9 +650,14 @@ class AttemptRunner:
         if renames_ok is None:
             renames_ok = attempt.defn.wants_spark
         fetch_old = partial(self._fetch_old, target, prefix, attempt_dir.root / "before")
-        if renames_ok and only_renames(manifest, diff, attempt_dir.workspace, fetch_old=fetch_old):
-            log.info("only_renamed_same_bytes", renamed=len(diff.added))
-            diff = Diff()  # the published tree would differ by file names alone
+        if renames_ok and diff.added and diff.deleted:
+            kept = without_renamed_folders(
+                manifest, diff, attempt_dir.workspace, fetch_old=fetch_old
+            )
+            if kept != diff:  # those folders would differ by file names alone
+                renamed = len(diff.added) - len(kept.added)
+                log.info("only_renamed_same_bytes", renamed=renamed, left=kept.summary())
+                diff = kept
         attempt.enter(Phase.PUBLISH)
         target = self._recorded(attempt, checked)
         publication = self._publisher.publish(me, target, prefix, attempt_dir.workspace, diff)

@@ -9,6 +9,7 @@ from perago.workspace.manifest import (
     compute_diff,
     only_renames,
     scan,
+    without_renamed_folders,
 )
 from perago.workspace.transfer import local_path_for, materialize, upload_all
 
@@ -24,4 +25,5 @@ __all__ = [
     "only_renames",
     "scan",
     "upload_all",
+    "without_renamed_folders",
 ]

@@ -43,6 +43,7 @@ __all__ = [
     "is_bookkeeping",
     "only_renames",
     "scan",
+    "without_renamed_folders",
 ]
 
 _CHUNK = 1024 * 1024
@@ -210,51 +211,93 @@ def only_renames(
     *,
     fetch_old: Callable[[list[str]], Path] | None = None,
 ) -> bool:
-    """True if ``diff`` only swaps files for files with the same bytes in the same folder
-    (same count, sizes and MD5 per folder): the published tree would differ by names alone,
-    as when Spark rewrites identical output under new random part names. Hashes the added
-    files only when counts and sizes already match; a multipart checksum never matches.
+    """True if ``diff`` only swaps files for files with the same bytes in the same folder:
+    the published tree would differ by names alone (:func:`without_renamed_folders`)."""
+    if diff.is_empty or diff.changed:
+        return False
+    return without_renamed_folders(manifest, diff, root, fetch_old=fetch_old).is_empty
+
+
+def without_renamed_folders(
+    manifest: Manifest,
+    diff: Diff,
+    root: Path,
+    *,
+    fetch_old: Callable[[list[str]], Path] | None = None,
+) -> Diff:
+    """``diff`` without the folders whose change only swaps files for files with the same
+    bytes (same count, sizes and MD5 in that folder), as when Spark rewrites identical output
+    under new random part names: those folders keep their published files. So a Spark job
+    that rewrites every ``partitionBy`` folder publishes only the partitions whose rows
+    changed. Hashes the added files only of folders whose counts and sizes already match; a
+    multipart checksum never matches.
 
     With ``fetch_old`` (which downloads the given deleted paths and returns the folder they
     are in), Parquet files also count as the same when they are equal but for the order of
     their footer's set-valued lists (``perago.workspace.parquet``): what another JVM writes
-    for the same rows. The old files are fetched only when counts and sizes match and the
-    MD5s do not, and used only if their MD5 is the one lakeFS recorded.
+    for the same rows. The old files are fetched only for folders whose counts and sizes
+    match and whose MD5s do not, and used only if their MD5 is the one lakeFS recorded.
     """
-    if diff.changed or not diff.added or len(diff.added) != len(diff.deleted):
-        return False
 
     def folder(path: str) -> str:
         return path.rpartition("/")[0]
 
+    added: dict[str, list[str]] = {}
+    deleted: dict[str, list[str]] = {}
+    for p in diff.added:
+        added.setdefault(folder(p), []).append(p)
+    for p in diff.deleted:
+        deleted.setdefault(folder(p), []).append(p)
+    touched = {folder(p) for p in diff.changed}
     entries = manifest.entries
-    sizes_gone = Counter((folder(p), entries[p].size) for p in diff.deleted)
-    sizes_new = Counter((folder(p), (root / p).stat().st_size) for p in diff.added)
-    if sizes_gone != sizes_new:
-        return False
-    new_md5 = {p: file_md5(root / p) for p in diff.added}
-    gone = Counter((folder(p), entries[p].size, entries[p].checksum) for p in diff.deleted)
-    new = Counter((folder(p), (root / p).stat().st_size, new_md5[p]) for p in diff.added)
-    if gone == new or fetch_old is None:
-        return gone == new
-    parquet = [p for p in diff.deleted if p.endswith(".parquet")]
-    if not parquet or not any(p.endswith(".parquet") for p in diff.added):
-        return False
-    old_root = fetch_old(parquet)
+    candidates = [
+        f
+        for f in added
+        if f in deleted
+        and f not in touched
+        and Counter(entries[p].size for p in deleted[f])
+        == Counter((root / p).stat().st_size for p in added[f])
+    ]
+    new_md5 = {p: file_md5(root / p) for f in candidates for p in added[f]}
+    same = {
+        f
+        for f in candidates
+        if Counter((entries[p].size, entries[p].checksum) for p in deleted[f])
+        == Counter(((root / p).stat().st_size, new_md5[p]) for p in added[f])
+    }
+    parquet_folders = [
+        f
+        for f in candidates
+        if f not in same
+        and any(p.endswith(".parquet") for p in deleted[f])
+        and any(p.endswith(".parquet") for p in added[f])
+    ]
+    if fetch_old is not None and parquet_folders:
+        wanted = [p for f in parquet_folders for p in deleted[f] if p.endswith(".parquet")]
+        old_root = fetch_old(wanted)
 
-    def old_key(p: str) -> str:
-        kept = old_root / p
-        if p in parquet and kept.is_file() and file_md5(kept) == entries[p].checksum:
-            return parquet_digest(kept) or f"md5:{entries[p].checksum}"
-        return f"md5:{entries[p].checksum}"
+        def old_key(p: str) -> str:
+            kept = old_root / p
+            if p.endswith(".parquet") and kept.is_file() and file_md5(kept) == entries[p].checksum:
+                return parquet_digest(kept) or f"md5:{entries[p].checksum}"
+            return f"md5:{entries[p].checksum}"
 
-    def new_key(p: str) -> str:
-        digest = parquet_digest(root / p) if p.endswith(".parquet") else None
-        return digest or f"md5:{new_md5[p]}"
+        def new_key(p: str) -> str:
+            digest = parquet_digest(root / p) if p.endswith(".parquet") else None
+            return digest or f"md5:{new_md5[p]}"
 
-    gone_keys = Counter((folder(p), entries[p].size, old_key(p)) for p in diff.deleted)
-    new_keys = Counter((folder(p), (root / p).stat().st_size, new_key(p)) for p in diff.added)
-    return gone_keys == new_keys
+        for f in parquet_folders:
+            gone = Counter((entries[p].size, old_key(p)) for p in deleted[f])
+            new = Counter(((root / p).stat().st_size, new_key(p)) for p in added[f])
+            if gone == new:
+                same.add(f)
+    if not same:
+        return diff
+    return Diff(
+        added=tuple(p for p in diff.added if folder(p) not in same),
+        changed=diff.changed,
+        deleted=tuple(p for p in diff.deleted if folder(p) not in same),
+    )
 
 
 def is_bookkeeping(path: str) -> bool:

@@ -117,3 +117,31 @@ def test_a_fetched_old_file_that_is_not_what_lakefs_recorded_is_not_trusted(
         return tmp_path / "old"
 
     assert not only_renames(manifest, diff, tmp_path / "ws", fetch_old=fetch_other_bytes)
+
+
+def test_a_partitioned_rewrite_keeps_the_unchanged_partitions_files(tmp_path: Path) -> None:
+    """Spark rewrites every `partitionBy` folder under new names: only the folder whose
+    rows changed is published; the others keep their files (issue 40: an incremental step
+    downstream then sees its partition unchanged)."""
+    from perago.workspace import without_renamed_folders
+
+    before = {
+        "t/d=1/part-0-a.parquet": b"day 1",
+        "t/d=2/part-0-a.parquet": b"day 2",
+        "t/d=3/part-0-a.parquet": b"day 3",
+    }
+    after = {
+        "t/d=1/part-0-b.parquet": b"day 1",
+        "t/d=2/part-0-b.parquet": b"day 2, corrected",
+        "t/d=3/part-0-b.parquet": b"day 3",
+    }
+    manifest = _materialized(tmp_path, before)
+    for rel in before:
+        (tmp_path / rel).unlink()
+    for rel, data in after.items():
+        (tmp_path / rel).write_bytes(data)
+    diff = compute_diff(manifest, tmp_path)
+    kept = without_renamed_folders(manifest, diff, tmp_path)
+    assert kept.added == ("t/d=2/part-0-b.parquet",)
+    assert kept.deleted == ("t/d=2/part-0-a.parquet",)
+    assert not only_renames(manifest, diff, tmp_path)
