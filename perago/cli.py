@@ -287,6 +287,15 @@ def run(
             "(repeatable; TASK may be * for all).",
         ),
     ] = None,
+    recompute: Annotated[
+        bool,
+        typer.Option(
+            "--recompute",
+            help="Run incremental steps even where they could reuse an earlier publication "
+            '(adds "recompute": true to the workflow input; steps read '
+            '"${workflow.input.recompute}").',
+        ),
+    ] = False,
 ) -> None:
     """Start WORKFLOW; with --wait print its output JSON and exit 0 only if it COMPLETED
     (3 failed, 4 timed out by Conductor, 5 terminated, 6 --timeout ran out, 7 paused)."""
@@ -295,9 +304,12 @@ def run(
     try:
         settings = config_module.load()
         conductor = wiring.conductor_client(settings)
+        workflow_input = _parse_input(input_)
+        if recompute:
+            workflow_input["recompute"] = True
         workflow_id = conductor.start_workflow(
             workflow,
-            _parse_input(input_),
+            workflow_input,
             version=version,
             task_to_domain=_parse_domains(domain or []),
         )
@@ -325,6 +337,12 @@ def run(
             )
         raise typer.Exit(_EXIT_BY_STATUS.get(wf.status, EXIT_FAILED))
     typer.secho(f"workflow {workflow} ({workflow_id}) COMPLETED", err=True)
+    if wf.reused:
+        typer.echo(
+            f"{len(wf.ran)} step(s) ran; {len(wf.reused)} reused an earlier publication "
+            f"(same inputs, params and code): {', '.join(wf.reused)}",
+            err=True,
+        )
     typer.echo(json.dumps(wf.output, indent=2))
 
 

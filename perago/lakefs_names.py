@@ -23,6 +23,7 @@ __all__ = [
     "staging_branch_name",
     "staging_prefix",
     "wap_branch_name",
+    "wap_kept_tag",
     "wap_prefix",
 ]
 
@@ -69,6 +70,12 @@ def scoped_branch_name(staging_branch: str) -> str:
 def replaced_tag(commit_id: str, retry_count: int) -> str:
     """The tag that keeps a head reachable after a hard-reset replacement moved past it."""
     return f"perago-replaced-{commit_id[:16]}-r{retry_count}"
+
+
+def wap_kept_tag(commit_id: str) -> str:
+    """The tag that keeps a published write-audit-publish branch's history reachable after
+    the branch is deleted: the inputs its steps recorded stay resolvable."""
+    return f"perago-wap-kept-{commit_id[:16]}"
 
 
 def wap_prefix(cluster_id: str = "") -> str:

@@ -120,6 +120,10 @@ class WorkflowRun:
     failure: str  # the last failed step and its reason, or the workflow's reason
     #: The task id of that failed step ("" if none): its execution log has the traceback.
     failed_task_id: str = ""
+    #: Steps of incremental tasks that answered from an earlier publication (their task
+    #: refs, those inside sub-workflows as ``<sub-workflow ref>/<ref>``), and those that ran.
+    reused: tuple[str, ...] = ()
+    ran: tuple[str, ...] = ()
 
     @property
     def ended(self) -> bool:
@@ -137,6 +141,7 @@ class WorkflowRun:
         inside the failed sub-workflows, not the SUB_WORKFLOW or JOIN task above it."""
         tasks = list(wf.get("tasks") or [])
         failure, failed = _failure(wf, child)
+        reused, ran = _worked(wf, child)
         return cls(
             workflow_id=str(wf.get("workflowId", "")),
             status=str(wf.get("status", "")),
@@ -144,7 +149,39 @@ class WorkflowRun:
             steps=tuple(f"{t.get('referenceTaskName')}:{t.get('status')}" for t in tasks),
             failure=failure,
             failed_task_id=str(failed.get("taskId", "")) if failed else "",
+            reused=tuple(reused),
+            ran=tuple(ran),
         )
+
+
+def _worked(
+    wf: dict[str, Any], child: Callable[[str], dict[str, Any]] | None, depth: int = 0
+) -> tuple[list[str], list[str]]:
+    """The completed Perago steps that reused an earlier publication, and those that ran
+    (a step is Perago's when its output has a ``workspace``), completed sub-workflows
+    followed when ``child`` reads them."""
+    reused: list[str] = []
+    ran: list[str] = []
+    for t in wf.get("tasks") or []:
+        if t.get("status") != "COMPLETED":
+            continue
+        ref, output = str(t.get("referenceTaskName", "")), t.get("outputData") or {}
+        sub = str(t.get("subWorkflowId") or output.get("subWorkflowId") or "")
+        if t.get("taskType") == "SUB_WORKFLOW" and sub and child is not None:
+            if depth >= _MAX_NESTING:
+                continue
+            try:
+                inner = child(sub)
+            except OrchestratorError:
+                continue
+            r, n = _worked(inner, child, depth + 1)
+            reused += [f"{ref}/{x}" for x in r]
+            ran += [f"{ref}/{x}" for x in n]
+        elif "reused" in output:
+            reused.append(ref)
+        elif isinstance(output.get("workspace"), dict) and "result" in output:
+            ran.append(ref)
+    return reused, ran
 
 
 #: Statuses of a task that failed by itself, before those that ended because another did.

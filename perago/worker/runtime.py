@@ -29,6 +29,7 @@ from perago.errors import (
     AttemptFenceError,
     BodyTriesExhausted,
     CodeError,
+    ConflictError,
     GuardrailError,
     LeaseLostError,
     NotFoundError,
@@ -40,7 +41,7 @@ from perago.errors import (
 )
 from perago.failure_text import UserTraceback, describe, user_traceback
 from perago.inputs import Inputs, ResolvedInput
-from perago.lakefs_names import wap_branch_name
+from perago.lakefs_names import METADATA_PREFIX, wap_branch_name, wap_kept_tag
 from perago.lineage import ParentSteps, step_lineage
 from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
 from perago.parallel import run_parallel
@@ -517,9 +518,18 @@ class AttemptRunner:
                 f"write-audit-publish: base {params.base!r} does not exist in {repo!r}; pass "
                 '"${<begin step>.output.result.base}"'
             ) from e
-        # The publication records what every step it publishes read (``<step>.<input>``).
+        # The publication records what every step it publishes read (``<step>.<input>``),
+        # and keeps the isolated branch's history, where those commits are, under a tag.
+        kept = self._keep_history(repo, source.input_ref)
         target = WorkspaceTarget(
-            repo, params.target_branch, params.base, reads=self._inputs_read_on(source, params)
+            repo,
+            params.target_branch,
+            params.base,
+            reads=self._inputs_read_on(source, params),
+            recorded=(
+                (f"{METADATA_PREFIX}wap_base", params.base),
+                (f"{METADATA_PREFIX}wap_tag", kept),
+            ),
         )
         wap_target = replace(me, scope="")  # the whole branch: exclusive, like a serial step
         try:
@@ -548,6 +558,18 @@ class AttemptRunner:
             published=ref != params.base, changes=changes, wap_branch_kept=keep
         )
         return self._completed(target, publication, done)
+
+    def _keep_history(self, repository: str, commit: str) -> str:
+        """Tag ``commit`` (a write-audit-publish branch's head) so that its history outlives
+        the branch; the same tag again on a retry."""
+        tag = wap_kept_tag(commit)
+        try:
+            self._store.create_tag(repository, tag, commit)
+        except ConflictError:
+            if self._store.get_tag(repository, tag) != commit:
+                raise
+        log.info("wap_history_kept", tag=tag, commit=commit)
+        return tag
 
     def _inputs_read_on(self, source: WorkspaceTarget, params: Any) -> tuple[ResolvedInput, ...]:
         """The named inputs the Perago publications on a write-audit-publish branch read,

@@ -240,3 +240,86 @@ def test_an_input_that_does_not_exist_is_terminal_and_publishes_nothing(
     assert only["status"] == "FAILED_WITH_TERMINAL_ERROR"
     assert "input 'part': nothing under 'parts/p=zz/'" in only["reasonForIncompletion"]
     assert store.branch_head(repo, "main") == base
+
+
+def test_an_incremental_fan_out_runs_only_the_partitions_whose_inputs_changed(
+    env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 40, on the real servers: a fan-out of an incremental task re-run after each
+    kind of change runs exactly the partitions the change touches and reuses the others
+    (publishing nothing for them); `"recompute": true` and a new code version run all."""
+    parts = ["a", "b", "c"]
+    seed(store, repo, parts, tmp_path)
+    name = f"in_wf_inc_{unique}"
+    put_workflow(
+        conductor,
+        name,
+        dynamic_fork("${workflow.input.dynamicTasks}", "${workflow.input.dynamicTasksInput}"),
+    )
+
+    def run(scale: dict[str, int] | None = None, **extra: Any) -> list[str]:
+        """Run the fan-out from the head; the partitions whose body ran."""
+        workspace = {"repository": repo, "branch": "main"}
+        tasks = [
+            {"name": f"in_summary_inc_{unique}", "taskReferenceName": f"p_{p}", "type": "SIMPLE"}
+            for p in parts
+        ]
+        inputs = {
+            f"p_{p}": {
+                "workspace": workspace,
+                "params": {"part": p, "scale": (scale or {}).get(p, 1)},
+                **extra,
+            }
+            for p in parts
+        }
+        wf = wait_workflow(
+            conductor,
+            conductor.start_workflow(
+                name, {"workspace": workspace, "dynamicTasks": tasks, "dynamicTasksInput": inputs}
+            ),
+            timeout=180,
+        )
+        assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+        outputs = {p: attempts(wf, f"p_{p}")[-1]["outputData"] for p in parts}
+        for p, out in outputs.items():
+            assert out["result"]["part"] == p
+            if "reused" in out:  # what the earlier publication answered, at today's head
+                earlier = store.get_commit(repo, out["reused"]["commit"])
+                assert earlier.metadata["perago.scope"] == f"summaries/p={p}/"
+                assert json.loads(earlier.metadata["perago.result"]) == out["result"]
+        return sorted(p for p, out in outputs.items() if "reused" not in out)
+
+    def edit(path: str, data: bytes) -> None:
+        store.upload_bytes(repo, "main", path, data)
+        store.commit(repo, "main", message=f"edit {path}", metadata={})
+
+    with worker(env, tmp_path / "w.log", module=MODULE, concurrency=3):
+        assert run() == parts
+        head = store.branch_head(repo, "main")
+        assert run() == []  # nothing changed: nothing ran, nothing published
+        assert store.branch_head(repo, "main") == head
+        edit("parts/p=b/rows.csv", b"b,0\nb,1\nb,2\nb,3\n")  # one partition's facts
+        assert run() == ["b"]
+        edit("dims/d/dim.csv", b"silver\n")  # the shared dimension
+        assert run() == parts
+        assert run(scale={"c": 2}) == ["c"]  # one partition's params
+        edit("summaries/p=a/summary.txt", b"edited by hand\n")  # a foreign edit of an output
+        assert run(scale={"c": 2}) == ["a"]
+        assert _text(store, repo, "summaries/p=a/summary.txt") == "3 rows, dimension silver, v1\n"
+        assert run(scale={"c": 2}, recompute=True) == parts
+    with worker({**env, "PERAGO_TEST_CODE_VERSION": "v2"}, tmp_path / "w2.log", module=MODULE):
+        assert run(scale={"c": 2}) == parts  # a new code version
+        assert run(scale={"c": 2}) == []
+
+
+def _text(store: LakeFSStore, repo: str, path: str) -> str:
+    import io
+
+    buf = io.BytesIO()
+    store.download(repo, "main", path, buf)
+    return buf.getvalue().decode()

@@ -240,3 +240,55 @@ def test_a_skip_never_hides_a_change(tmp_path: Path, edits: list[tuple[str, str,
                 state["values"][p], str(state["dim"]), int(state["factor"]), str(state["code"])
             )  # type: ignore[index, call-overload]
             assert text(store, f"out/p={p}/total.txt") == want, (kind, part, value)
+
+
+def _wap_run(store: MemoryStore, tmp_path: Path, n: int) -> dict[str, Outcome]:
+    from perago import wap
+
+    stub = StubOrchestrator()
+    out = {}
+    with running_worker(
+        [v1, wap.perago_wap_begin, wap.perago_wap_publish],
+        store=store,
+        orchestrator=stub,
+        work_dir=tmp_path,
+    ):
+
+        def step(name: str, body: dict[str, Any], wid: str) -> Outcome:
+            stub.submit(name, body, workflow_id=wid, reference_name=wid.split("-")[0])
+            stub.wait_for(lambda s: s.settled(wid))
+            outcome = stub.outcome(stub.final(wid).task_id)
+            assert outcome is not None and outcome.status == "COMPLETED", outcome
+            return outcome
+
+        begin = step(wap.BEGIN, {"workspace": {"repository": "repo", "branch": "main"}}, f"b-{n}")
+        for part in PARTS:
+            body = {"workspace": begin.output["workspace"], "params": {"part": part}}
+            out[part] = step(v1.name, body, f"p_{part}-{n}")
+        params = {"target_branch": "main", "base": begin.output["result"]["base"]}
+        source = {**begin.output["workspace"], "ref": out[PARTS[-1]].output["workspace"]["ref"]}
+        out["publish"] = step(wap.PUBLISH, {"workspace": source, "params": params}, f"pub-{n}")
+    return out
+
+
+def test_write_audit_publish_steps_find_their_publications_through_the_kept_history(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    """The isolated branch is deleted after publishing; its history stays under a tag that
+    the publication on main names, so the next run's steps find what they published and
+    the input commits they recorded stay resolvable."""
+    first = _wap_run(store, tmp_path, 1)
+    assert ran() == ["a", "b"]
+    head = store.get_commit("repo", store.branch_head("repo", "main"))
+    tag = head.metadata["perago.wap_tag"]
+    kept = store.get_tag("repo", tag)
+    assert [b for b, _ in store.list_branches("repo", prefix="perago-wap-")] == []
+    recorded = store.get_commit("repo", first["a"].output["workspace"]["ref"])
+    for location in recorded.metadata.values():
+        if location.startswith("repo@"):
+            store.get_commit("repo", location.partition("@")[2].partition("/")[0])
+    assert store.log("repo", kept, amount=10)[0].id == kept
+    again = _wap_run(store, tmp_path, 2)
+    assert ran() == []
+    assert again["a"].output["reused"]["commit"] == first["a"].output["workspace"]["ref"]
+    assert store.branch_head("repo", "main") == head.id  # nothing changed: nothing published

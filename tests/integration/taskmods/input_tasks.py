@@ -97,3 +97,32 @@ def part(workspace: Path, params: PartRows) -> Summary:
     time.sleep(params.sleep)
     (workspace / "rows.csv").write_text("".join(f"{params.part},{i}\n" for i in range(params.rows)))
     return Summary(part=params.part, rows=params.rows, dimension="")
+
+
+class Scaled(BaseModel):
+    part: str
+    scale: int = 1
+
+
+class Counted(BaseModel):
+    part: str
+    rows: int
+    dimension: str  # its first line
+
+
+@task(
+    f"in_summary_inc_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="summaries/p={part}/", inputs=INPUTS),
+    retry_count=RETRIES,
+    response_timeout=RESPONSE_TIMEOUT,
+    incremental=True,
+    code_version=os.environ.get("PERAGO_TEST_CODE_VERSION", "v1"),
+)
+def summary_incremental(workspace: Path, params: Scaled, inputs: Inputs[Path]) -> Counted:
+    """One partition with the dimension, incremental: its output is a function of its two
+    inputs, its params and its code version."""
+    rows = len((inputs["part"] / "rows.csv").read_text().splitlines()) * params.scale
+    dimension = (inputs["dim"] / "dim.csv").read_text().splitlines()[0]
+    version = os.environ.get("PERAGO_TEST_CODE_VERSION", "v1")
+    (workspace / "summary.txt").write_text(f"{rows} rows, dimension {dimension}, {version}\n")
+    return Counted(part=params.part, rows=rows, dimension=dimension)
