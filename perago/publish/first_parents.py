@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from perago.errors import StoreError
 from perago.store import Commit, VersionStore
@@ -60,6 +61,33 @@ class FirstParents:
             chain.append(cached)
             commit = cached
         return chain
+
+    def walk(self, repository: str, ref: str, *, limit: int) -> Iterator[Commit]:
+        """``ref``'s commit and its first parents, newest first, at most ``limit``, read
+        lazily: a page of lakeFS's log only when the next commit is not in the cache."""
+        commit: Commit | None = self._get(repository, ref)
+        if commit is None:
+            page = self._store.log(repository, ref, amount=min(self._page, limit))
+            if not page:
+                return
+            self._put(repository, page)
+            commit = page[0]
+        for _ in range(limit):
+            yield commit
+            if not commit.parents:
+                return
+            parent = commit.parents[0]
+            cached = self._get(repository, parent)
+            if cached is None:
+                page = self._store.log(repository, parent, amount=self._page)
+                if not page or page[0].id != parent:
+                    raise StoreError(
+                        f"lakeFS's log of {repository}@{parent} does not start at that commit; "
+                        "check the lakeFS server"
+                    )
+                self._put(repository, page)
+                cached = page[0]
+            commit = cached
 
     def commit(self, repository: str, commit_id: str) -> Commit:
         """One commit, from the cache or read from lakeFS (and kept)."""

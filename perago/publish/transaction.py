@@ -169,6 +169,11 @@ class Publisher:
         self._groups = None if leases is None else LeaseGroups(leases)
         self._first_parents = FirstParents(store)
 
+    @property
+    def first_parents(self) -> FirstParents:
+        """The process's commit cache (history walks of fences and incremental re-runs)."""
+        return self._first_parents
+
     def publish(
         self,
         me: AttemptIdentity,

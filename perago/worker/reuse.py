@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from perago import lakefs_names as names
 from perago.errors import NotFoundError
 from perago.inputs import ResolvedInput
+from perago.publish.first_parents import FirstParents
 from perago.publish.identity import WorkspaceTarget
 from perago.store import Commit, VersionStore
 from perago.task import TaskDefinition
@@ -81,30 +82,29 @@ class Verdict:
     candidate: str = ""
 
 
-def _history(store: VersionStore, repository: str, ref: str) -> Iterator[Commit]:
+def _history(history: FirstParents, repository: str, ref: str) -> Iterator[Commit]:
     """``ref``'s first-parent history, newest first; through a write-audit-publish
     publication, the history of the isolated branch it published (kept by its tag) down to
     where that branch began."""
-    for commit in store.log(repository, ref, amount=HISTORY_LIMIT):
+    for commit in history.walk(repository, ref, limit=HISTORY_LIMIT):
         yield commit
         m = commit.metadata
         tag, base = m.get(f"{_KEY}wap_tag"), m.get(f"{_KEY}wap_base")
         if not tag or not base:
             continue
         try:
-            published = store.log(repository, tag, amount=HISTORY_LIMIT)
+            for inner in history.walk(repository, tag, limit=HISTORY_LIMIT):
+                if inner.id == base:
+                    break
+                yield inner
         except NotFoundError:  # the tag was removed: those records are gone
             continue
-        for inner in published:
-            if inner.id == base:
-                break
-            yield inner
 
 
 def _last_publication(
-    store: VersionStore, defn: TaskDefinition[Any, Any], target: WorkspaceTarget, scope: str
+    history: FirstParents, defn: TaskDefinition[Any, Any], target: WorkspaceTarget, scope: str
 ) -> Commit | None:
-    for commit in _history(store, target.repository, target.input_ref):
+    for commit in _history(history, target.repository, target.input_ref):
         m = commit.metadata
         if (
             m.get(f"{_KEY}kind") in ("publication", "staged")
@@ -141,13 +141,15 @@ def _inputs_changed(store: VersionStore, commit: Commit, target: WorkspaceTarget
 
 def find_reusable(
     store: VersionStore,
+    history: FirstParents,
     defn: TaskDefinition[Any, Any],
     target: WorkspaceTarget,
     scope: str,
     params: BaseModel,
 ) -> Verdict:
-    """The publication this attempt may answer with, or why its body must run."""
-    commit = _last_publication(store, defn, target, scope)
+    """The publication this attempt may answer with, or why its body must run (``history``:
+    the process's commit cache, which the walk reads through)."""
+    commit = _last_publication(history, defn, target, scope)
     if commit is None:
         return Verdict(None, "no earlier publication of this step's scope")
     m, short = commit.metadata, commit.id[:12]

@@ -466,7 +466,9 @@ class AttemptRunner:
         if attempt.recompute:
             log.info("reuse_skipped", reason="the workflow asked to recompute")
             return None
-        verdict = find_reusable(self._store, defn, target, attempt.scope, attempt.resolved_params())
+        history = self._publisher.first_parents
+        params = attempt.resolved_params()
+        verdict = find_reusable(self._store, history, defn, target, attempt.scope, params)
         if verdict.reuse is None:
             log.info("reuse_refused", reason=verdict.reason, candidate=verdict.candidate or None)
             return None
