@@ -47,8 +47,22 @@ PARENT = {
 }
 
 
+DONE = {
+    "workflowId": "child-2",
+    "status": "COMPLETED",
+    "tasks": [
+        _task(
+            "month",
+            "flights_month",
+            "COMPLETED",
+            outputData={"workspace": {"ref": "c2"}, "result": {}, "reused": {"commit": "c1"}},
+        )
+    ],
+}
+
+
 def test_a_failed_sub_workflow_is_followed_to_the_task_that_failed() -> None:
-    run = WorkflowRun.from_json(PARENT, child={"child-3": CHILD}.__getitem__)
+    run = WorkflowRun.from_json(PARENT, child={"child-3": CHILD, "child-2": DONE}.__getitem__)
     assert run.failure.startswith("task month (flights_month) FAILED_WITH_TERMINAL_ERROR")
     assert "no column `dep_dely` (at /app/flights.py:42)" in run.failure
     assert "in sub-workflow month_wf child-3, task m_3" in run.failure
@@ -72,3 +86,11 @@ def test_the_workflows_own_reason_when_the_task_gives_none() -> None:
     assert "no reason given" not in run.failure
     assert run.failure.endswith("the JOIN's forked task failed")
     assert WorkflowRun.from_json({**wf, "tasks": []}).failure == "the JOIN's forked task failed"
+
+
+def test_reused_and_run_steps_are_counted_inside_completed_sub_workflows() -> None:
+    """Issue 40: `perago run --wait` says which incremental steps reused a publication."""
+    ran = _task("clean", "orders_clean", "COMPLETED", outputData={"workspace": {}, "result": {}})
+    wf = {**PARENT, "status": "COMPLETED", "tasks": [ran, *PARENT["tasks"][:2]]}
+    run = WorkflowRun.from_json(wf, child={"child-2": DONE}.__getitem__)
+    assert run.reused == ("m_2/month",) and run.ran == ("clean",)
