@@ -16,6 +16,7 @@ __all__ = [
     "Orchestrator",
     "Outcome",
     "Status",
+    "StepOutputs",
     "TaskSnapshot",
     "WorkflowLedger",
     "WorkflowStep",
@@ -100,6 +101,17 @@ class WorkflowLedger(Protocol):
     def workflow_status(self, workflow_id: str) -> str | None:
         """``RUNNING``, ``PAUSED``, ``COMPLETED``, ``FAILED``, ``TIMED_OUT``, ``TERMINATED``;
         None if the orchestrator does not know the workflow."""
+        ...
+
+
+@runtime_checkable
+class StepOutputs(Protocol):
+    """What a write-audit-publish publication reads to record its read-only steps' inputs:
+    the outputs of a workflow's completed steps."""
+
+    def completed_outputs(self, workflow_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """(task reference, output) of each COMPLETED task of the workflow itself, in order
+        (a sub-workflow's tasks are its own: its publications record their reads)."""
         ...
 
 

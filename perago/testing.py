@@ -575,6 +575,16 @@ class StubOrchestrator:
         with self._cond:
             return self._tasks[task_id].outcome
 
+    def completed_outputs(self, workflow_id: str) -> list[tuple[str, dict[str, Any]]]:
+        with self._cond:
+            return [
+                (t.snapshot.reference_name, dict(t.outcome.output))
+                for t in self._tasks.values()
+                if t.snapshot.workflow_id == workflow_id
+                and t.outcome is not None
+                and t.outcome.status == "COMPLETED"
+            ]
+
     def workflow_status(self, workflow_id: str) -> str | None:
         if workflow_id in self.workflow_statuses:
             return self.workflow_statuses[workflow_id]

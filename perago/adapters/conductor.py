@@ -699,6 +699,14 @@ class ConductorClient:
         )
         return dict(result or {})
 
+    def completed_outputs(self, workflow_id: str) -> list[tuple[str, dict[str, Any]]]:
+        wf = self.get_workflow(workflow_id)
+        return [
+            (str(t.get("referenceTaskName", "")), dict(t.get("outputData") or {}))
+            for t in wf.get("tasks") or []
+            if t.get("status") == "COMPLETED" and t.get("taskType") != "SUB_WORKFLOW"
+        ]
+
     def workflow_status(self, workflow_id: str) -> str | None:
         try:
             return str(self.get_workflow(workflow_id, include_tasks=False).get("status") or "")

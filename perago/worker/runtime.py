@@ -43,7 +43,7 @@ from perago.failure_text import UserTraceback, describe, user_traceback
 from perago.inputs import Inputs, ResolvedInput
 from perago.lakefs_names import METADATA_PREFIX, wap_branch_name, wap_kept_tag
 from perago.lineage import ParentSteps, step_lineage
-from perago.orchestrator import AttemptLedger, Outcome, Status, TaskSnapshot
+from perago.orchestrator import AttemptLedger, Outcome, Status, StepOutputs, TaskSnapshot
 from perago.parallel import run_parallel
 from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
@@ -527,7 +527,7 @@ class AttemptRunner:
             repo,
             params.target_branch,
             params.base,
-            reads=self._inputs_read_on(source, params),
+            reads=self._inputs_read_on(source, params, me.workflow_id),
             recorded=(
                 (f"{METADATA_PREFIX}wap_base", params.base),
                 (f"{METADATA_PREFIX}wap_tag", kept),
@@ -573,9 +573,26 @@ class AttemptRunner:
         log.info("wap_history_kept", tag=tag, commit=commit)
         return tag
 
-    def _inputs_read_on(self, source: WorkspaceTarget, params: Any) -> tuple[ResolvedInput, ...]:
+    def _inputs_read_on(
+        self, source: WorkspaceTarget, params: Any, workflow_id: str
+    ) -> tuple[ResolvedInput, ...]:
         """The named inputs the Perago publications on a write-audit-publish branch read,
-        since its base (newest first, at most ``WAP_INPUTS_LIMIT``)."""
+        since its base (newest first), then those its read-only steps read (an audit), from
+        their outputs in the orchestrator: at most ``WAP_INPUTS_LIMIT`` in all."""
+        found = self._published_reads(source, params)
+        if isinstance(self._ledger, StepOutputs):
+            seen = {read.name for read in found}
+            for ref, output in self._ledger.completed_outputs(workflow_id):
+                for name, read in (output.get("inputs") or {}).items():
+                    key = f"{ref}.{name}"
+                    if key in seen or not isinstance(read, dict):
+                        continue
+                    seen.add(key)
+                    location = f"{read.get('repository')}@{read.get('commit')}/{read.get('prefix')}"
+                    found.append(ResolvedInput.parse(key, location))
+        return tuple(found[:WAP_INPUTS_LIMIT])
+
+    def _published_reads(self, source: WorkspaceTarget, params: Any) -> list[ResolvedInput]:
         found: list[ResolvedInput] = []
         history = self._store.log(source.repository, source.input_ref, amount=WAP_HISTORY_LIMIT)
         for commit in history:
@@ -589,7 +606,7 @@ class AttemptRunner:
                 step = key.partition("/")[2] or step  # its task refs below the root workflow
             for name, location in ResolvedInput.from_metadata(commit.metadata).items():
                 found.append(ResolvedInput.parse(f"{step}.{name}", location))
-        return tuple(found[:WAP_INPUTS_LIMIT])
+        return found
 
     def _refuse_projection_on_a_cluster(self, attempt: RunningAttempt) -> None:
         """A local-projection Spark task hands executors paths on this worker's disk: only

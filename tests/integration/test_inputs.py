@@ -312,6 +312,34 @@ def test_an_incremental_fan_out_runs_only_the_partitions_whose_inputs_changed(
         assert run(scale={"c": 2}) == ["a"]
         assert _text(store, repo, "summaries/p=a/summary.txt") == "3 rows, dimension silver, v1\n"
         assert run(scale={"c": 2}, recompute=True) == parts
+        # `perago run --wait` names what was reused; --recompute goes into the workflow input
+        workspace = {"repository": repo, "branch": "main"}
+        dynamic = {
+            "workspace": workspace,
+            "dynamicTasks": [
+                {
+                    "name": f"in_summary_inc_{unique}",
+                    "taskReferenceName": f"p_{p}",
+                    "type": "SIMPLE",
+                }
+                for p in parts
+            ],
+            "dynamicTasksInput": {
+                f"p_{p}": {
+                    "workspace": workspace,
+                    "params": {"part": p, "scale": 2 if p == "c" else 1},
+                }
+                for p in parts
+            },
+        }
+        shown = perago_cli(
+            ["run", name, "--wait", "--recompute", "--input", json.dumps(dynamic)], env
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "0 step(s) ran; 3 reused an earlier publication" in shown.stderr, shown.stderr
+        assert "p_a, p_b, p_c" in shown.stderr
+        wid = shown.stderr.split("(", 1)[1].split(")", 1)[0]
+        assert conductor.get_workflow(wid)["input"]["recompute"] is True
     with worker({**env, "PERAGO_TEST_CODE_VERSION": "v2"}, tmp_path / "w2.log", module=MODULE):
         assert run(scale={"c": 2}) == parts  # a new code version
         assert run(scale={"c": 2}) == []

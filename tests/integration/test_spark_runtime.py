@@ -10,6 +10,7 @@ import signal
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -353,3 +354,33 @@ def test_plain_spark_writes_publish_only_data_and_nothing_on_a_re_run(
     # (adoption runs after the report, outside the attempt's log context: the whole log)
     shared = log_events(WORKER_LOGS[spark_worker])
     assert not [e for e in shared if e.get("event") == "cache_adopt_failed"]
+
+
+def test_an_incremental_in_place_step_reuses_its_publication_until_its_input_changes(
+    spark_worker: str,
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    seeded: str,
+) -> None:
+    """Issue 40 for an in-place Spark task: the second run reuses the first's publication
+    (no staging branch, nothing published); a changed input runs it again."""
+
+    def run() -> dict[str, Any]:
+        wf = _run(conductor, f"ps_inplace_inc_{spark_worker}", repo, unique, {})
+        assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")
+        (step,) = attempts(wf, "step")
+        return dict(step["outputData"])
+
+    first = run()
+    assert "reused" not in first and first["result"] == {"rows": 250}
+    published = store.branch_head(repo, "main")
+    again = run()
+    assert again["reused"]["commit"] == published and again["result"] == first["result"]
+    assert store.branch_head(repo, "main") == published
+    store.upload_bytes(repo, "main", "spark/in/part-1.csv", b"n,name\n999,late\n")
+    store.commit(repo, "main", message="one more row", metadata={})
+    third = run()
+    assert "reused" not in third and third["result"] == {"rows": 251}
+    assert staging_branches(store, repo) == []

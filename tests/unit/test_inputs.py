@@ -490,3 +490,46 @@ def test_a_serializable_task_without_branch_leases_is_refused_at_start_up(
     assert (
         'isolation="snapshot"' in e.value.message and "month_report_serializable" in e.value.message
     )
+
+
+def test_a_write_audit_publish_publication_records_what_its_read_only_audit_read(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    """Issue 40: a read-only step (an audit) publishes nothing, so its reads are recorded by
+    the publication that follows it, from its output in the orchestrator."""
+    from perago import wap
+
+    stub = StubOrchestrator(gate_timeout=20)
+    with running_worker(
+        [*TASKS, wap.perago_wap_begin, wap.perago_wap_publish],
+        store=store,
+        orchestrator=stub,
+        work_dir=tmp_path / "work",
+    ):
+
+        def step(name: str, ref: str, body: dict[str, Any]) -> Outcome:
+            stub.submit(name, body, workflow_id="wap", reference_name=ref)
+            outcome = settle(stub, "wap")
+            assert outcome.status == "COMPLETED", outcome.reason
+            return outcome
+
+        begin = step(wap.BEGIN, "begin", {"workspace": {"repository": "repo", "branch": "main"}})
+        ws = begin.output["workspace"]
+        report = step("month_report", "report", {"workspace": ws, "params": {"month": "02"}})
+        audit = step(
+            "month_peek",
+            "audit",
+            {"workspace": report.output["workspace"], "params": {"month": "02"}},
+        )
+        params = {"target_branch": "main", "base": begin.output["result"]["base"]}
+        published = step(
+            wap.PUBLISH, "publish", {"workspace": audit.output["workspace"], "params": params}
+        )
+    recorded = ResolvedInput.from_metadata(
+        store.get_commit("repo", published.output["workspace"]["ref"]).metadata
+    )
+    assert (
+        recorded["audit.facts"]
+        == f"repo@{audit.output['inputs']['facts']['commit']}/clean/month=02/"
+    )
+    assert set(recorded) == {"report.customers", "report.facts", "audit.customers", "audit.facts"}

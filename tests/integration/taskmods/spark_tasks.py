@@ -72,6 +72,21 @@ def in_place(workspace: RemoteWorkspace, params: SparkParams, spark: Any) -> Spa
     return SparkResult(rows=rows)
 
 
+@task(
+    f"ps_inplace_inc_{SUFFIX}",
+    workspace=WorkspaceSpec(prefix="spark/inc/", in_place=True, inputs={"src": "spark/in/"}),
+    incremental=True,
+    **OPTS,
+)
+def in_place_incremental(
+    workspace: RemoteWorkspace, params: SparkParams, spark: Any
+) -> SparkResult:
+    """In place and incremental: its output is a function of spark/in/ (its one input)."""
+    df = spark.read.csv(workspace.inputs["src"], header=True, inferSchema=True)
+    df.write.mode("overwrite").parquet(workspace.output_uri + "out/")
+    return SparkResult(rows=df.count())
+
+
 class SlowParams(BaseModel):
     rows: int = 200  # each row sleeps 100 ms in an executor: rows / 2 * 0.1 s on two cores
     write: bool = False  # publish the rows (spark/slow/)
