@@ -141,7 +141,8 @@ class Settings(BaseModel):
     )
     poll_interval: timedelta = Field(
         default=timedelta(milliseconds=200),
-        description="Pause between polls when no task was handed out.",
+        description="When none of the worker's task types has a task, how long it waits in "
+        "one long-poll (of each type in turn) before asking every type again.",
     )
     shutdown_grace: timedelta = Field(
         default=timedelta(seconds=30),

@@ -124,10 +124,22 @@ class Orchestrator(AttemptLedger, Protocol):
     """
 
     def poll(
-        self, task_type: str, *, worker_id: str, count: int, domain: str | None = None
+        self,
+        task_type: str,
+        *,
+        worker_id: str,
+        count: int,
+        domain: str | None = None,
+        wait_ms: int = 100,
     ) -> list[TaskSnapshot]:
         """Up to ``count`` deliveries of ``task_type`` (in task ``domain``, if given), now
-        IN_PROGRESS for ``worker_id``."""
+        IN_PROGRESS for ``worker_id``; waits up to ``wait_ms`` for one when none is ready
+        (0: answers at once)."""
+        ...
+
+    def give_back(self, task: TaskSnapshot, *, worker_id: str) -> None:
+        """Put a delivery this worker will not run back in the queue, for any worker to
+        poll again at once (a drain that a long-poll answered late)."""
         ...
 
     def extend(self, task: TaskSnapshot, *, worker_id: str, progress: str | None = None) -> None:

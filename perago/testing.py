@@ -447,6 +447,10 @@ class StubOrchestrator:
         self.racy_updates = racy_updates
         self.updates: list[Update] = []
         self.gets: list[str] = []
+        #: Every poll: (task type, how long it may wait in ms).
+        self.polls: list[tuple[str, int]] = []
+        #: Deliveries a worker gave back unrun (task ids).
+        self.given_back: list[str] = []
         self.polled_domains: set[tuple[str, str | None]] = set()
         #: Workflow states a test sets; others are derived from the workflow's tasks.
         self.workflow_statuses: dict[str, str] = {}
@@ -669,16 +673,26 @@ class StubOrchestrator:
     # -- Orchestrator ----------------------------------------------------------------------
 
     def poll(
-        self, task_type: str, *, worker_id: str, count: int, domain: str | None = None
+        self,
+        task_type: str,
+        *,
+        worker_id: str,
+        count: int,
+        domain: str | None = None,
+        wait_ms: int = 100,
     ) -> list[TaskSnapshot]:
         # Task domains are Conductor's routing; the stub has one queue per task type and
-        # records the domains it was polled in (``polled_domains``).
+        # records the domains it was polled in (``polled_domains``) and each poll (``polls``).
         self.polled_domains.add((task_type, domain))
+        with self._cond:
+            self.polls.append((task_type, wait_ms))
         fault, _ = self._enter("poll", None)
         if fault is not None and not fault.applied:
             self._raise("poll", None, fault)
         out: list[TaskSnapshot] = []
         with self._cond:
+            if wait_ms > 0:  # a long-poll: Conductor holds it open until a task is ready
+                self._cond.wait_for(lambda: self._queues.get(task_type), timeout=wait_ms / 1000)
             queue = self._queues.get(task_type, deque())
             while queue and len(out) < count:
                 task_id = queue.popleft()
@@ -703,6 +717,11 @@ class StubOrchestrator:
             self.gets.append(task_id)
             entry = self._tasks.get(task_id)
             return None if entry is None else entry.snapshot
+
+    def give_back(self, task: TaskSnapshot, *, worker_id: str) -> None:
+        with self._cond:
+            self.given_back.append(task.task_id)
+        self.redeliver(task.task_id)
 
     def extend(self, task: TaskSnapshot, *, worker_id: str, progress: str | None = None) -> None:
         self._update(Update("extend", task.task_id, worker_id, progress=progress))

@@ -511,9 +511,15 @@ class ConductorClient:
     # -- worker side (perago.orchestrator.Orchestrator) ------------------------------------
 
     def poll(
-        self, task_type: str, *, worker_id: str, count: int, domain: str | None = None
+        self,
+        task_type: str,
+        *,
+        worker_id: str,
+        count: int,
+        domain: str | None = None,
+        wait_ms: int = 100,
     ) -> list[TaskSnapshot]:
-        timeout_ms = 100
+        timeout_ms = max(0, wait_ms)
         query: list[tuple[str, Any]] = [
             ("workerid", worker_id),
             ("count", count),
@@ -571,6 +577,20 @@ class ConductorClient:
             "GET", f"/tasks/{task_id}/log", endpoint="task_logs", what=f"read the log of {task_id}"
         )
         return [str(entry.get("log", "")) for entry in logs or []]
+
+    def give_back(self, task: TaskSnapshot, *, worker_id: str) -> None:
+        """A plain IN_PROGRESS update: Conductor makes the task SCHEDULED again and puts its
+        message back in the queue after ``callbackAfterSeconds`` (0: at once); the next poll
+        delivers it with its poll count raised."""
+        self._update(
+            {
+                "taskId": task.task_id,
+                "workflowInstanceId": task.workflow_id,
+                "workerId": worker_id,
+                "status": "IN_PROGRESS",
+                "callbackAfterSeconds": 0,
+            }
+        )
 
     def extend(self, task: TaskSnapshot, *, worker_id: str, progress: str | None = None) -> None:
         """Conductor's ``extendLease`` update: resets the task's response timeout. A progress

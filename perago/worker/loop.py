@@ -126,6 +126,7 @@ class Worker:
         self._runner = AttemptRunner(store, orchestrator, settings, spark=spark, leases=leases)
         self._records = AttemptRecords(settings.work_dir)
         self._inflight: dict[DeliveryKey, _Delivery] = {}
+        self._poll_failures = 0
         self._lock = threading.Condition()
         self._draining = threading.Event()
         self._force = threading.Event()
@@ -269,42 +270,77 @@ class Worker:
     # -- polling -----------------------------------------------------------------------------
 
     def _poll_loop(self) -> None:
-        idle = self._settings.poll_interval.total_seconds()
-        failures = 0
+        """Fill free places as soon as Conductor has a task of any type this worker serves.
+
+        A round asks every task type at once-over, without waiting (a poll that answers at
+        once), so a place that frees is filled in one round whatever the number of types.
+        Only when no type has a task does the worker wait, in one long-poll of the next type
+        in turn (``poll_interval``): a quiet worker costs Conductor one request per type and
+        one long-poll per round, and a task of another type waits at most that long."""
+        wait_ms = max(1, int(self._settings.poll_interval.total_seconds() * 1000))
+        turn = 0
+        names = list(self._tasks)
         while not self._draining.is_set():
             self._last_loop = time.monotonic()
             with self._lock:
                 free = self._free_places()
                 if free <= 0:
-                    self._lock.wait(timeout=idle)
+                    self._lock.wait(timeout=wait_ms / 1000)
                     continue
-            got_any = False
-            for name in self._tasks:
-                if self._draining.is_set() or free <= 0:
+            started, free = self._poll_round(names, free, wait_ms=0)
+            if started or free <= 0 or self._draining.is_set():
+                continue
+            # Nothing anywhere: wait for the next type in turn to have a task.
+            for _ in range(len(names)):
+                name = names[turn % len(names)]
+                turn += 1
+                if self._slots(name, free) > 0:
+                    self._poll_round([name], free, wait_ms=wait_ms)
                     break
-                count = self._slots(name, free)
-                if count <= 0:
-                    continue  # at its own limit: leave its tasks to other workers meanwhile
-                try:
-                    polled = self._orchestrator.poll(
-                        name,
-                        worker_id=self._settings.worker_id,
-                        count=count,
-                        domain=self._domains[name],
-                    )
-                    failures = 0
-                except PeragoError as e:
-                    failures += 1
-                    backoff = min(30.0, 0.5 * 2**failures)
-                    log.warning("poll_failed", task_type=name, error=e.message, retry_in=backoff)
-                    self._draining.wait(backoff)
-                    break
-                for snapshot in polled:
-                    self._start(snapshot)
-                    free -= 1
-                    got_any = True
-            if not got_any:
-                self._draining.wait(idle)
+            else:  # every type is at its own limit: wait for a place to free
+                with self._lock:
+                    self._lock.wait(timeout=wait_ms / 1000)
+
+    def _poll_round(self, names: Sequence[str], free: int, *, wait_ms: int) -> tuple[int, int]:
+        """Poll each of ``names`` in turn for up to its free places; start what comes.
+        Returns how many started and the places still free."""
+        started = 0
+        for name in names:
+            if self._draining.is_set() or free <= 0:
+                break
+            count = self._slots(name, free)
+            if count <= 0:
+                continue  # at its own limit: leave its tasks to other workers meanwhile
+            try:
+                polled = self._orchestrator.poll(
+                    name,
+                    worker_id=self._settings.worker_id,
+                    count=count,
+                    domain=self._domains[name],
+                    wait_ms=wait_ms,
+                )
+                self._poll_failures = 0
+            except PeragoError as e:
+                self._poll_failures += 1
+                backoff = min(30.0, 0.5 * 2**self._poll_failures)
+                log.warning("poll_failed", task_type=name, error=e.message, retry_in=backoff)
+                self._draining.wait(backoff)
+                break
+            for snapshot in polled:
+                if self._draining.is_set():  # the long-poll answered after the drain began
+                    self._give_back(snapshot)
+                    continue
+                self._start(snapshot)
+                free -= 1
+                started += 1
+        return started, free
+
+    def _give_back(self, snapshot: TaskSnapshot) -> None:
+        try:
+            self._orchestrator.give_back(snapshot, worker_id=self._settings.worker_id)
+            log.info("delivery_given_back", task_id=snapshot.task_id, reason="draining")
+        except PeragoError as e:  # its response timeout hands it to another worker
+            log.warning("give_back_failed", task_id=snapshot.task_id, error=e.message)
 
     def _free_places(self) -> int:
         """How many attempts may start now (under ``self._lock``): a place is a running body's.
