@@ -17,7 +17,7 @@ RESPONSE_TIMEOUT = timedelta(seconds=float(os.environ.get("CHAOS_RESPONSE_TIMEOU
 
 class WriteParams(BaseModel):
     sleep: float = 0.0
-    fail_first: bool = False  # the first attempt fails after its body ran
+    fail_first: bool = False  # the body's first try fails (tried again inside the attempt)
     terminal: bool = False  # every attempt fails, non-retryable
 
 
@@ -40,8 +40,8 @@ def write(workspace: Path, params: WriteParams) -> WriteResult:
         time.sleep(0.05)
     if params.terminal:
         raise TaskError("this step always fails (chaos mix)", non_retryable=True)
-    if params.fail_first and attempt.retry_count == 0:
-        raise TaskError("this step fails its first attempt (chaos mix)")
+    if params.fail_first and attempt.retry_count == 0 and attempt.body_try == 0:
+        raise TaskError("this step fails its first try (chaos mix)")
     name = f"{attempt.workflow_id}-{attempt.reference_name}.txt"
     (workspace / name).write_text(f"{attempt.workflow_id} {attempt.reference_name}\n")
     log = workspace / "log.txt"
@@ -67,8 +67,8 @@ def part(workspace: Path, params: PartParams) -> WriteResult:
     """One partition of a fan-out: its own scope, published beside its siblings."""
     attempt = info()
     time.sleep(params.sleep)
-    if params.fail_first and attempt.retry_count == 0:
-        raise TaskError("this partition fails its first attempt (chaos mix)")
+    if params.fail_first and attempt.retry_count == 0 and attempt.body_try == 0:
+        raise TaskError("this partition fails its first try (chaos mix)")
     (workspace / "rows.txt").write_text(f"{attempt.workflow_id} {params.part}\n")
     return WriteResult(path="rows.txt")
 

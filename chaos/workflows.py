@@ -106,7 +106,7 @@ def definitions() -> list[dict[str, Any]]:
         "w4",
     )
     # Each partition a SUB_WORKFLOW: its retries stay inside the child (docs/protocol.md,
-    # "Retries inside a fan-out"); the second partition fails its first attempt.
+    # "Retries inside a fan-out"); the second partition fails its first try.
     part = _workflow(
         "chaos_part_one",
         [
