@@ -46,18 +46,9 @@ class FirstParents:
         chain, commit = [head], head
         while commit.id != stop_at and commit.parents and len(chain) < limit:
             parent = commit.parents[0]
-            cached = self._get(repository, parent)
-            if cached is None:
-                page = self._store.log(
-                    repository, parent, amount=min(self._page, limit - len(chain))
-                )
-                if not page or page[0].id != parent:
-                    raise StoreError(
-                        f"lakeFS's log of {repository}@{parent} does not start at that commit; "
-                        "check the lakeFS server"
-                    )
-                self._put(repository, page)
-                cached = page[0]
+            cached = self._get(repository, parent) or self._page_from(
+                repository, parent, min(self._page, limit - len(chain))
+            )
             chain.append(cached)
             commit = cached
         return chain
@@ -77,17 +68,20 @@ class FirstParents:
             if not commit.parents:
                 return
             parent = commit.parents[0]
-            cached = self._get(repository, parent)
-            if cached is None:
-                page = self._store.log(repository, parent, amount=self._page)
-                if not page or page[0].id != parent:
-                    raise StoreError(
-                        f"lakeFS's log of {repository}@{parent} does not start at that commit; "
-                        "check the lakeFS server"
-                    )
-                self._put(repository, page)
-                cached = page[0]
-            commit = cached
+            commit = self._get(repository, parent) or self._page_from(
+                repository, parent, self._page
+            )
+
+    def _page_from(self, repository: str, commit_id: str, amount: int) -> Commit:
+        """Read a page of the log starting at ``commit_id`` into the cache; that commit."""
+        page = self._store.log(repository, commit_id, amount=amount)
+        if not page or page[0].id != commit_id:
+            raise StoreError(
+                f"lakeFS's log of {repository}@{commit_id} does not start at that commit; "
+                "check the lakeFS server"
+            )
+        self._put(repository, page)
+        return page[0]
 
     def commit(self, repository: str, commit_id: str) -> Commit:
         """One commit, from the cache or read from lakeFS (and kept)."""
