@@ -697,12 +697,14 @@ def test_a_worker_killed_at_a_failpoint_while_a_fork_is_in_flight(
     point: str,
 ) -> None:
     """One worker runs both writers of a fork and dies (SIGKILL) when the first of them
-    reaches ``point``, the other wherever it was; a fresh worker finishes the fork. Both
+    reaches ``point``, the other still in its body (it sleeps 2 s: a worker that takes both
+    at once could otherwise finish both, and a kill after the last report leaves the lease
+    to a takeover that no later publication makes); a fresh worker finishes the fork. Both
     steps complete, exactly one publication of each is in effect, nothing is lost or
     unreachable, no lease is held and the janitor leaves no staging branch."""
     name = f"pt_wf_forkcrash_{unique}"
-    branches = [[part_task(unique, "left", "a")], [part_task(unique, "right", "b")]]
-    put_workflow(conductor, name, fork("split", branches))
+    left, right = part_task(unique, "left", "a"), part_task(unique, "right", "b", sleep=2.0)
+    put_workflow(conductor, name, fork("split", [[left], [right]]))
     input_ref = store.branch_head(repo, "main")
     wid = start(conductor, name, repo, ref=input_ref)
     with worker({**env, "PERAGO_FAILPOINTS": f"{point}=kill"}, tmp_path / "k.log") as w:
