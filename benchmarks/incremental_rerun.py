@@ -82,10 +82,11 @@ def _run(conductor: ConductorClient, repo: str, label: str, **extra: Any) -> Run
 
 def _late_orders(store: LakeFSStore, repo: str, n: int) -> str:
     """Late orders of day ``n`` arrive (a new raw file); returns the day."""
+    from workers.orders.data import late_orders
+
     day = (FIRST_DAY + timedelta(days=n)).isoformat()
-    rows = [f"late{n:02d}{i:03d},c{i:05d},smb,{day},{10 + i}.50,EUR" for i in range(25)]
-    text = "order_id,customer_id,segment,order_date,amount,currency\n" + "\n".join(rows) + "\n"
-    store.upload_bytes(repo, "main", f"orders/raw/late-{day}.csv", text.encode())
+    data = late_orders(day, tag=f"late{n:02d}")
+    store.upload_bytes(repo, "main", f"orders/raw/late-{day}.csv", data)
     store.commit(repo, "main", message=f"late orders of {day}", metadata={"source": "bench"})
     return day
 

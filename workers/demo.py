@@ -161,14 +161,10 @@ def _incremental_rerun(
 ) -> dict[str, Any] | None:
     """Late orders for one day arrive; the workflow runs again. Only that day's summary runs:
     the other 29 reuse their publication (``orders_day_summary`` is incremental)."""
-    from workers.orders.data import HEADER
+    from workers.orders.data import late_orders
 
-    rows = [
-        ",".join((f"late{i:03d}", f"c{i:05d}", "smb", LATE_DAY, f"{10 + i}.50", "EUR"))
-        for i in range(25)
-    ]
-    text = "\n".join([",".join(HEADER), *rows]) + "\n"
-    store.upload_bytes(repo, "main", "orders/raw/late-orders.csv", text.encode())
+    rows = 25
+    store.upload_bytes(repo, "main", "orders/raw/late-orders.csv", late_orders(LATE_DAY, rows=rows))
     store.commit(repo, "main", message=f"late orders of {LATE_DAY}", metadata={"source": "demo"})
     wf = _run_workflow(console, conductor, repo)
     if wf.get("status") != "COMPLETED":
@@ -183,7 +179,7 @@ def _incremental_rerun(
         console.print(f"[red]the re-run ran the day summaries of {days_ran}, not {LATE_DAY}[/red]")
         return None
     console.print(
-        f"incremental re-run after {len(rows)} late orders of {LATE_DAY}: 1 of "
+        f"incremental re-run after {rows} late orders of {LATE_DAY}: 1 of "
         f"{len(days_ran) + len(days_reused)} day summaries ran ({LATE_DAY}); "
         f"{len(days_reused)} reused their earlier publication (same inputs, params and code)"
     )

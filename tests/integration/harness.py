@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import signal
@@ -201,6 +202,13 @@ def foreign_commit(store: LakeFSStore, repo: str, branch: str = "main") -> Commi
     """A commit by a writer that is not Perago (``elsewhere/foreign.txt``)."""
     store.upload_bytes(repo, branch, "elsewhere/foreign.txt", b"someone else")
     return store.commit(repo, branch, message="foreign writer", metadata={})
+
+
+def text(store: LakeFSStore, repo: str, path: str, ref: str = "main") -> str:
+    """The text of ``path`` at ``ref``."""
+    buf = io.BytesIO()
+    store.download(repo, ref, path, buf)
+    return buf.getvalue().decode()
 
 
 def publications(store: LakeFSStore, repo: str, branch: str = "main") -> list[Commit]:

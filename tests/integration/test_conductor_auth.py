@@ -205,3 +205,35 @@ def test_task_domains_route_steps_and_calls_are_timed_per_endpoint(
     assert [t.workflow_id for t in got] == [wid]
     assert _samples("poll", "ok") > polls_before
     conductor.terminate_workflow(wid, "test done")
+
+
+def test_a_delivery_given_back_is_delivered_again_at_once(
+    conductor: ConductorClient, repo: str, unique: str
+) -> None:
+    """What the poll loop relies on when a long-poll answers after the drain began
+    (`ConductorClient.give_back`): Conductor 3.32 puts the task back in its queue, and the
+    next poll delivers the same task id with its poll count raised; nothing else moved."""
+    task_name = f"giveback_{unique}"
+    conductor.register_task_defs(
+        [
+            {
+                "name": task_name,
+                "retryCount": 0,
+                "timeoutSeconds": 60,
+                "responseTimeoutSeconds": 30,
+                "ownerEmail": "perago@example.com",
+            }
+        ]
+    )
+    wid = conductor.start_workflow(
+        one_step(conductor, f"giveback_wf_{unique}", task_name, {}),
+        {"workspace": {"repository": repo, "branch": "main"}},
+    )
+    conductor.decide(wid)
+    (first,) = conductor.poll(task_name, worker_id="w-draining", count=1, wait_ms=1000)
+    conductor.give_back(first, worker_id="w-draining")
+    (again,) = conductor.poll(task_name, worker_id="w-other", count=1, wait_ms=1000)
+    assert again.task_id == first.task_id and again.retry_count == first.retry_count
+    assert again.poll_count == first.poll_count + 1
+    assert conductor.get_task(first.task_id).status == "IN_PROGRESS"  # type: ignore[union-attr]
+    conductor.terminate_workflow(wid, "test done")

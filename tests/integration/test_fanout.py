@@ -6,7 +6,6 @@ the head, no staging branch after the janitor, no branch lease held.
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import os
@@ -38,6 +37,7 @@ from .harness import (
     simple_task,
     staging_branches,
     start,
+    text,
     wait_workflow,
     worker,
 )
@@ -67,12 +67,6 @@ def join_step(unique: str, after: list[str]) -> dict[str, Any]:
         "type": "SIMPLE",
         "inputParameters": {"workspace": workspace, "params": {}},
     }
-
-
-def text(store: LakeFSStore, repo: str, path: str) -> str:
-    buf = io.BytesIO()
-    store.download(repo, "main", path, buf)
-    return buf.getvalue().decode()
 
 
 def assert_clean(store: LakeFSStore, repo: str, env: dict[str, str], steps: set[str]) -> None:
@@ -697,18 +691,21 @@ def test_a_worker_killed_at_a_failpoint_while_a_fork_is_in_flight(
     point: str,
 ) -> None:
     """One worker runs both writers of a fork and dies (SIGKILL) when the first of them
-    reaches ``point``, the other still in its body (it sleeps 2 s: a worker that takes both
-    at once could otherwise finish both, and a kill after the last report leaves the lease
-    to a takeover that no later publication makes); a fresh worker finishes the fork. Both
+    reaches ``point``, the other held in its body until the kill (a worker that takes both at
+    once could otherwise finish both, and a kill after the last report leaves the lease to a
+    takeover that no later publication makes); a fresh worker finishes the fork. Both
     steps complete, exactly one publication of each is in effect, nothing is lost or
     unreachable, no lease is held and the janitor leaves no staging branch."""
     name = f"pt_wf_forkcrash_{unique}"
-    left, right = part_task(unique, "left", "a"), part_task(unique, "right", "b", sleep=2.0)
+    hold = tmp_path / "release-right"
+    left, right = part_task(unique, "left", "a"), part_task(unique, "right", "b", hold=str(hold))
     put_workflow(conductor, name, fork("split", [[left], [right]]))
     input_ref = store.branch_head(repo, "main")
     wid = start(conductor, name, repo, ref=input_ref)
-    with worker({**env, "PERAGO_FAILPOINTS": f"{point}=kill"}, tmp_path / "k.log") as w:
+    killing = {**env, "PERAGO_FAILPOINTS": f"{point}=kill"}
+    with worker(killing, tmp_path / "k.log", concurrency=2) as w:  # the held one keeps a place
         assert w.wait_killed(conductor, wid) == -signal.SIGKILL
+    hold.write_text("the first writer's worker is dead")
     with worker(env, tmp_path / "w.log"):
         wf = wait_workflow(conductor, wid, timeout=180, nudge=True)
     assert wf["status"] == "COMPLETED", wf.get("reasonForIncompletion")

@@ -21,6 +21,7 @@ from .harness import (
     perago_cli,
     publications,
     put_workflow,
+    text,
     wait_workflow,
     worker,
 )
@@ -310,7 +311,7 @@ def test_an_incremental_fan_out_runs_only_the_partitions_whose_inputs_changed(
         assert run(scale={"c": 2}) == ["c"]  # one partition's params
         edit("summaries/p=a/summary.txt", b"edited by hand\n")  # a foreign edit of an output
         assert run(scale={"c": 2}) == ["a"]
-        assert _text(store, repo, "summaries/p=a/summary.txt") == "3 rows, dimension silver, v1\n"
+        assert text(store, repo, "summaries/p=a/summary.txt") == "3 rows, dimension silver, v1\n"
         assert run(scale={"c": 2}, recompute=True) == parts
         # `perago run --wait` names what was reused; --recompute goes into the workflow input
         workspace = {"repository": repo, "branch": "main"}
@@ -343,11 +344,3 @@ def test_an_incremental_fan_out_runs_only_the_partitions_whose_inputs_changed(
     with worker({**env, "PERAGO_TEST_CODE_VERSION": "v2"}, tmp_path / "w2.log", module=MODULE):
         assert run(scale={"c": 2}) == parts  # a new code version
         assert run(scale={"c": 2}) == []
-
-
-def _text(store: LakeFSStore, repo: str, path: str) -> str:
-    import io
-
-    buf = io.BytesIO()
-    store.download(repo, "main", path, buf)
-    return buf.getvalue().decode()

@@ -85,3 +85,13 @@ def generate_customers(dest_dir: Path, *, seed: int = 11) -> Path:
         for n in range(CUSTOMERS - UNKNOWN_CUSTOMERS):
             w.writerow((f"c{n:05d}", rng.choice(REGIONS)))
     return path
+
+
+def late_orders(day: str, *, rows: int = 25, tag: str = "late") -> bytes:
+    """A raw CSV of ``rows`` valid orders of ``day`` that arrived late (the demo's and the
+    incremental benchmark's correction of one day)."""
+    lines = [
+        ",".join((f"{tag}{i:03d}", f"c{i:05d}", "smb", day, f"{10 + i}.50", "EUR"))
+        for i in range(rows)
+    ]
+    return ("\n".join([",".join(HEADER), *lines]) + "\n").encode()

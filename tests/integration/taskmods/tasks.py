@@ -124,6 +124,7 @@ class PartParams(BaseModel):
     sleep: float = 0.0
     fail_first: bool = False  # the body's first run fails (retryable)
     typo: bool = False  # a NameError in the body (terminal: an error of the code)
+    hold: str = ""  # a file: the body waits until the test creates it
 
 
 class PartResult(BaseModel):
@@ -140,6 +141,8 @@ class PartResult(BaseModel):
 def part(workspace: Path, params: PartParams) -> PartResult:
     """Write one partition (a templated prefix): a fan-out writer."""
     time.sleep(params.sleep)
+    while params.hold and not Path(params.hold).exists():
+        time.sleep(0.05)
     me = info()
     if params.fail_first and me.retry_count == 0 and me.body_try == 0:
         raise RuntimeError(f"partition {params.part} fails its first try on purpose")
