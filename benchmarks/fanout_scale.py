@@ -1,24 +1,30 @@
-"""(l) Fan-out at scale: a DYNAMIC_FORK of 64 and 256 writers of one branch, against lakeFS
-alone doing the same publications.
+"""(l) Fan-out at scale: a DYNAMIC_FORK of 64, 256 (and 1,000) writers of one branch, against
+a plain Conductor worker writing to lakeFS without the protocol.
 
 Each partition is ``bench_scale_part``: no work, 5 x 1 KiB on its own prefix
-``parts/p=<n>/``. Two worker processes with ``--concurrency 8`` each run every fan-out, one
-fresh repository per size, with the expected-head hook installed as ``perago repo init``
-installs it. The baseline, measured in the same run on the same stack: lakeFS
-alone doing the same publications 16 at a time (create a branch from ``main``, upload 5
-files, commit, merge into ``main``, retrying a merge that lakeFS answers 429). Printed per
-size: Perago's wall time (Conductor start to COMPLETED), lakeFS alone's, their ratio,
-publications per second, and from the workers' logs how many times the branch lease was
-acquired and how many publications joined a lease already held (group commit).
+``parts/p=<n>/``. Two ``perago worker`` processes with ``--concurrency 8`` and default
+settings run every fan-out, one fresh repository per size, created through lakeFS's API as
+a user who never ran ``perago repo init`` would (no expected-head hook; ``--hook`` installs
+it). The baseline, measured in the same run on the same stack, is the peer a user would
+pick instead: :mod:`benchmarks.plain_worker`, two conductor-python worker processes with 8
+threads each running the same DYNAMIC_FORK (branch at the input ref, upload, commit, merge
+with retries, delete the branch). Also measured: lakeFS alone (the same publications 16 at
+a time from one client, no Conductor) and the read-only floor (the same fan-out through
+Perago publishing nothing). Printed per size: wall times (Conductor start to COMPLETED),
+Perago's ratio to the plain worker, publications per second, lease grants and joins (group
+commit), and CPU seconds per process and phase.
 
-    python -m benchmarks.fanout_scale            # 64 and 256
+    python -m benchmarks.fanout_scale                 # 64 and 256
     python -m benchmarks.fanout_scale 64 256 1000
+    python -m benchmarks.fanout_scale --hook 256      # with the expected-head hook
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -46,8 +52,9 @@ from perago.errors import StoreError
 from perago.publish.expected_head_hook import install
 
 T = TypeVar("T")
-TASK, READ_TASK = "bench_scale_part", "bench_scale_read"
+TASK, READ_TASK, PLAIN_TASK = "bench_scale_part", "bench_scale_read", "bench_plain_part"
 WORKERS, CONCURRENCY, BASELINE_THREADS = 2, 8, 16
+WARM_UP = 64  # partitions of the read-only fan-out run (and not measured) before the first
 FILES, SIZE = 5, 1024
 
 
@@ -65,24 +72,36 @@ def _wait(conductor: ConductorClient, wid: str, timeout: float) -> dict[str, Any
     raise SystemExit(f"workflow {wid} did not finish within {timeout:.0f} s")
 
 
-def _perago(
-    conductor: ConductorClient, store: LakeFSStore, flow: str, parts: int, task: str = TASK
+def _fanout(
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    flow: str,
+    parts: int,
+    task: str = TASK,
+    hook: bool = False,
 ) -> tuple[float, str]:
-    """(wall time, workflow id) of a fan-out of ``parts`` ``task`` steps on a fresh repository."""
+    """(wall time, workflow id) of a fan-out of ``parts`` ``task`` steps on a fresh repository;
+    every partition checked on ``main`` exactly once."""
     repo = f"bench-scale-{parts}-{uuid.uuid4().hex[:6]}"
     store.create_repository(repo)
-    install(store, repo, "main")  # the expected-head hook, as `perago repo init` commits it
+    if hook:
+        install(store, repo, "main")  # the expected-head hook, as `perago repo init` commits it
     ws = {"repository": repo, "branch": "main", "ref": store.branch_head(repo, "main")}
     tasks = [{"name": task, "taskReferenceName": f"p{i}", "type": "SIMPLE"} for i in range(parts)]
     inputs = {f"p{i}": {"workspace": ws, "params": {"part": str(i)}} for i in range(parts)}
     wid = conductor.start_workflow(flow, {"workspace": ws, "tasks": tasks, "inputs": inputs})
     wf = _wait(conductor, wid, timeout=60 + parts * 2.0)
-    if task == TASK:
-        published = sum(
-            c.metadata.get("perago.kind") == "publication" for c in _history(store, repo)
-        )
-        if published != parts:
-            raise SystemExit(f"{repo}: {published} publications on main, expected {parts}")
+    if task != READ_TASK:
+        history = _history(store, repo)
+        if task == TASK:  # each publication is a commit of its own kind
+            landed = sum(c.metadata.get("perago.kind") == "publication" for c in history)
+        else:  # each of the plain worker's merges
+            landed = sum(len(c.parents) == 2 for c in history)
+        if landed != parts:
+            raise SystemExit(f"{repo}: {landed} publications on main, expected {parts}")
+        files = sum(1 for _ in store.list_objects(repo, "main", prefix="parts/"))
+        if files != parts * FILES:
+            raise SystemExit(f"{repo}: {files} files under parts/, expected {parts * FILES}")
     return (int(wf["endTime"]) - int(wf["startTime"])) / 1000, wid
 
 
@@ -158,36 +177,64 @@ def _figures(logs: list[Path], workflow_id: str) -> tuple[int, int, list[float],
 
 
 class _Cpu:
-    """CPU seconds that the stack's services, the workers and this process (lakeFS alone's
-    client) use over a phase; the machine's cores bound what a phase can do in its wall
-    time. Only for the local stack (``perago_dev``): a stack named by the environment may
-    run elsewhere."""
+    """CPU seconds that the stack's services, the phase's workers and this process (lakeFS
+    alone's client) use over a phase; the machine's cores bound what a phase can do in its
+    wall time. Only for the local stack (``perago_dev``): a stack named by the environment
+    may run elsewhere."""
 
-    def __init__(self, stack: Stack, workers: list[int]) -> None:
+    def __init__(self, stack: Stack) -> None:
         self.pids: dict[str, int] = {}
         if stack.source.startswith("perago_dev"):
             from perago_dev.stack import service_pids
 
             self.pids = service_pids()
-        self.workers = workers
 
-    def read(self) -> dict[str, float]:
+    def read(self, workers: list[int]) -> dict[str, float]:
         if not self.pids:
             return {}
         used = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        used["workers"] = sum(cpu_seconds(pid) for pid in self.workers)
+        used["workers"] = sum(cpu_seconds(pid) for pid in workers)
         used["client"] = sum(os.times()[:2])
         return used
 
-    def measure(self, phase: Callable[[], T]) -> tuple[T, dict[str, float]]:
-        before = self.read()
+    def measure(self, phase: Callable[[], T], workers: list[int]) -> tuple[T, dict[str, float]]:
+        before = self.read(workers)
         result = phase()
-        after = self.read()
+        after = self.read(workers)
         return result, {k: after[k] - before[k] for k in after}
 
 
+def _start_plain(env: dict[str, str], log: Path) -> list[subprocess.Popen[bytes]]:
+    """The plain worker's processes: WORKERS x CONCURRENCY threads, as Perago's."""
+    with log.open("w") as out:
+        return [
+            subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.plain_worker", PLAIN_TASK, str(CONCURRENCY)],
+                cwd=Path(__file__).resolve().parent.parent,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            for _ in range(WORKERS)
+        ]
+
+
+def _stop_plain(workers: list[subprocess.Popen[bytes]]) -> None:
+    """conductor-python's handler runs a process per worker: stop the whole group."""
+    for w in workers:
+        os.killpg(w.pid, signal.SIGTERM)
+    for w in workers:
+        try:
+            w.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait()
+
+
 def main(argv: list[str]) -> int:
-    sizes = [int(a) for a in argv] or [64, 256]
+    hook = "--hook" in argv
+    sizes = [int(a) for a in argv if a != "--hook"] or [64, 256]
     stack = resolve_stack()
     env = {**os.environ, **stack.env}
     settings = load(env=env)
@@ -195,47 +242,69 @@ def main(argv: list[str]) -> int:
     suffix = uuid.uuid4().hex[:8]
     flow = f"bench_scale_{suffix}"
     register(conductor, discover(["benchmarks.fanout_scale_tasks"]))
+    conductor.register_task_defs(
+        [{"name": PLAIN_TASK, "retryCount": 0, "ownerEmail": "perago@example.com"}]
+    )
     conductor.put_workflow_defs([fanout_workflow(flow)])
-    logs = [Path(settings.work_dir) / f"bench-scale-{suffix}-w{n}.log" for n in range(WORKERS)]
-    workers = start_workers(
-        "benchmarks.fanout_scale_tasks",
-        logs,
-        concurrency=CONCURRENCY,
-        env={**env, "PERAGO_POLL_INTERVAL": "0.1"},
-    )
-    cpu = _Cpu(stack, [w.pid for w in workers])
+    cpu = _Cpu(stack)
     rows, used = [], []
-    try:
-        for parts in sizes:
+    logs: list[Path] = []
+    for parts in sizes:
+        size_logs = [
+            Path(settings.work_dir) / f"bench-scale-{suffix}-{parts}-w{n}.log"
+            for n in range(WORKERS)
+        ]
+        logs += size_logs
+        workers = start_workers(
+            "benchmarks.fanout_scale_tasks", size_logs, concurrency=CONCURRENCY, env=env
+        )
+        pids = [w.pid for w in workers]
+        try:
+            if not rows:  # warm Conductor's JIT first: the first fan-out after a start is slow
+                _fanout(conductor, store, flow, WARM_UP, READ_TASK)
             (floor, _), floor_cpu = cpu.measure(
-                partial(_perago, conductor, store, flow, parts, READ_TASK)
+                partial(_fanout, conductor, store, flow, parts, READ_TASK), pids
             )
-            (wall, wid), perago_cpu = cpu.measure(partial(_perago, conductor, store, flow, parts))
-            alone, alone_cpu = cpu.measure(partial(_alone, store, parts))
-            rows.append((parts, wall, alone, floor, wid))
-            used += [
-                (parts, "read-only", floor, floor_cpu),
-                (parts, "Perago", wall, perago_cpu),
-                (parts, "lakeFS alone", alone, alone_cpu),
-            ]
-    finally:
-        stop_workers(workers)
+            (wall, wid), perago_cpu = cpu.measure(
+                partial(_fanout, conductor, store, flow, parts, TASK, hook), pids
+            )
+        finally:
+            stop_workers(workers)
+        plain_log = Path(settings.work_dir) / f"bench-scale-{suffix}-{parts}-plain.log"
+        plain_workers = _start_plain(env, plain_log)
+        try:
+            time.sleep(2)  # the handler's processes start polling
+            (plain, _), plain_cpu = cpu.measure(
+                partial(_fanout, conductor, store, flow, parts, PLAIN_TASK),
+                [w.pid for w in plain_workers],
+            )
+        finally:
+            _stop_plain(plain_workers)
+        alone, alone_cpu = cpu.measure(partial(_alone, store, parts), [])
+        rows.append((parts, wall, plain, alone, floor, wid, size_logs))
+        used += [
+            (parts, "read-only", floor, floor_cpu),
+            (parts, "Perago", wall, perago_cpu),
+            (parts, "plain worker", plain, plain_cpu),
+            (parts, "lakeFS alone", alone, alone_cpu),
+        ]
     print(
-        f"(l) fan-out at scale: {WORKERS} workers x --concurrency {CONCURRENCY}, each partition "
-        f"{FILES} x {SIZE // 1024} KiB; lakeFS alone: the same publications "
-        f"{BASELINE_THREADS} at a time; read-only: the same fan-out publishing nothing"
+        f"(l) fan-out at scale: {WORKERS} workers x {CONCURRENCY} places, each partition "
+        f"{FILES} x {SIZE // 1024} KiB, expected-head hook {'on' if hook else 'off'}; plain: "
+        f"conductor-python + lakefs-sdk without the protocol; lakeFS alone: the same "
+        f"publications {BASELINE_THREADS} at a time; read-only: the fan-out publishing nothing"
     )
     print(
-        "  partitions | Perago wall | lakeFS alone | ratio | read-only | publications/s | "
-        "latency p50 / p99 | lease taken / joined | retried"
+        "  partitions | Perago | plain worker | ratio | lakeFS alone | read-only | "
+        "publications/s | latency p50 / p99 | lease taken / joined | retried"
     )
-    for parts, wall, alone, floor, wid in rows:
-        acquired, joined, lat, retried = _figures(logs, wid)
+    for parts, wall, plain, alone, floor, wid, size_logs in rows:
+        acquired, joined, lat, retried = _figures(size_logs, wid)
         p50, p99 = percentile(lat, 50), percentile(lat, 99)
         print(
-            f"  {parts:10d} | {wall:9.1f} s | {alone:10.1f} s | {wall / alone:4.1f}x | "
-            f"{floor:7.1f} s | {parts / wall:14.1f} | {p50:6.2f} / {p99:5.2f} s    | "
-            f"{acquired:>10} / {joined:<6}   | {retried}"
+            f"  {parts:10d} | {wall:4.1f} s | {plain:10.1f} s | {wall / plain:4.2f}x | "
+            f"{alone:10.1f} s | {floor:7.1f} s | {parts / wall:14.1f} | "
+            f"{p50:6.2f} / {p99:5.2f} s    | {acquired:>10} / {joined:<6}   | {retried}"
         )
     print(f"  worker logs: {', '.join(str(p) for p in logs)}")
     if used and used[0][3]:

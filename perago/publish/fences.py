@@ -125,14 +125,12 @@ def decide_publication(
             return _refuse(head, input_ref, me, commit, owner)
     if len(chain) == 1:  # the head sits right on the input ref
         return HeadDecision.SCOPED_REPLACE if earlier else HeadDecision.BESIDE
-    if chain[-1].parents:  # the walk stopped at its limit, not at the branch's first commit
+    if chain[-1].parents:  # a caller's walk stopped short of the branch's first commit
         raise PublishFenceError(
-            f"publish fence: the input ref {input_ref[:12]} is not among the newest "
-            f"{len(chain)} commits under the target head {head.id[:12]}, the most the fence "
-            "reads: more publications landed since the input ref than that (a fan-out of "
-            "that many partitions from one ref), or the branch was rewritten. Nothing was "
-            "published. Split the fan-out into rounds of fewer partitions, each from the "
-            "previous round's head, or re-run the workflow from the new head"
+            f"publish fence: the input ref {input_ref[:12]} is not among the {len(chain)} "
+            f"commits read under the target head {head.id[:12]}, and the walk stopped before "
+            "the branch's first commit; nothing was published. This is a bug in the caller "
+            "(the fence reads down to the input ref): report it with this message"
         )
     raise PublishFenceError(
         f"publish fence: the input ref {input_ref[:12]} is not on the first-parent history of "

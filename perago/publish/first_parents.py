@@ -34,9 +34,12 @@ class FirstParents:
         self._lock = threading.Lock()
         self._commits: OrderedDict[tuple[str, str], Commit] = OrderedDict()
 
-    def chain(self, repository: str, head: Commit, *, stop_at: str, limit: int) -> list[Commit]:
+    def chain(
+        self, repository: str, head: Commit, *, stop_at: str, limit: int | None = None
+    ) -> list[Commit]:
         """``head`` and its first parents, newest first, down to ``stop_at`` (included), the
-        first commit of the branch, or ``limit`` commits, whichever comes first.
+        first commit of the branch, or ``limit`` commits (None: no limit), whichever comes
+        first.
 
         ``head`` (read from lakeFS: never one the caller made up) is kept: it is the next
         fence's first parent (a fan-out sibling's merge moves the head by one commit), found
@@ -44,11 +47,10 @@ class FirstParents:
         """
         self.remember(repository, head)
         chain, commit = [head], head
-        while commit.id != stop_at and commit.parents and len(chain) < limit:
+        while commit.id != stop_at and commit.parents and (limit is None or len(chain) < limit):
             parent = commit.parents[0]
-            cached = self._get(repository, parent) or self._page_from(
-                repository, parent, min(self._page, limit - len(chain))
-            )
+            left = self._page if limit is None else min(self._page, limit - len(chain))
+            cached = self._get(repository, parent) or self._page_from(repository, parent, left)
             chain.append(cached)
             commit = cached
         return chain

@@ -50,6 +50,13 @@ class WorkspaceTarget:
         return out
 
 
+#: Commits whose identity :meth:`AttemptIdentity.from_commit` keeps parsed (as many as the
+#: fences' commit cache holds, ``perago.publish.first_parents.CAPACITY``), by commit id,
+#: with the commit object it was parsed from (a commit made up elsewhere is parsed anew).
+PARSED_CAPACITY = 20_000
+_PARSED: dict[str, tuple[Commit, AttemptIdentity | None]] = {}
+
+
 @dataclass(frozen=True)
 class AttemptIdentity:
     workflow_id: str
@@ -87,6 +94,19 @@ class AttemptIdentity:
 
     @classmethod
     def from_commit(cls, commit: Commit) -> AttemptIdentity | None:
+        """The attempt that wrote ``commit`` (None: not Perago). Parsed once per commit
+        object: every fence of a fan-out walks the same chain of siblings' publications."""
+        hit = _PARSED.get(commit.id)
+        if hit is not None and hit[0] is commit:
+            return hit[1]
+        owner = cls._parse(commit)
+        if len(_PARSED) >= PARSED_CAPACITY:
+            _PARSED.clear()
+        _PARSED[commit.id] = (commit, owner)
+        return owner
+
+    @classmethod
+    def _parse(cls, commit: Commit) -> AttemptIdentity | None:
         m = commit.metadata
         try:
             return cls(

@@ -9,6 +9,7 @@ with them, the model check mirrors them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from perago import lakefs_names as names
@@ -22,6 +23,7 @@ __all__ = [
 SCOPE_MARKER_ROOT = names.SCOPE_MARKER_ROOT
 
 
+@functools.lru_cache(maxsize=65_536)  # a fan-out's fences compare the same scopes again
 def _segments(scope: str) -> tuple[str, ...]:
     return tuple(p for p in scope.split("/") if p)
 

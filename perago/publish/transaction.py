@@ -48,16 +48,12 @@ from perago.steps import Boundary
 from perago.store import Commit, VersionStore
 from perago.workspace import ContentCache, Diff, upload_all
 
-__all__ = ["HISTORY_LIMIT", "Publication", "Publisher", "release_lease"]
+__all__ = ["Publication", "Publisher", "release_lease"]
 
 #: Events carry the attempt's context (workflow id, task id, refs) from structlog's
 #: contextvars, bound once by the runner (perago.worker.attempt.RunningAttempt.logging).
 log = structlog.get_logger("perago.publish")
 
-#: How far back the publish fence follows a head's first-parent chain to the input ref: a
-#: fan-out whose siblings published more often than this since its input ref fails closed.
-#: The walk stops at the input ref and reads each commit once per process (FirstParents).
-HISTORY_LIMIT = 5000
 #: Merges tried when the expected-head hook refuses because fan-out siblings moved the head,
 #: or lakeFS answers 429 (its own branch-update retries ran out under contention).
 MERGE_TRIES = 4
@@ -611,9 +607,9 @@ class Publisher:
         head = known if known is not None else self._store.get_commit(repo, target.branch)
         if head.id == target.input_ref or head.parents[:1] == (target.input_ref,):
             return head, [head]
-        return head, self._first_parents.chain(
-            repo, head, stop_at=target.input_ref, limit=HISTORY_LIMIT
-        )
+        # The whole chain down to the input ref, however many siblings published since: each
+        # commit is read from lakeFS once per process (FirstParents) and parsed once.
+        return head, self._first_parents.chain(repo, head, stop_at=target.input_ref)
 
     def _hand_on(self, repo: str, lease: GroupMember, merged: str, seen_head: str) -> None:
         """In its turn, a member with siblings waiting hands the head its merge made to the
@@ -659,7 +655,7 @@ class Publisher:
         problem = "it is not a descendant"
         if parents:
             under = self._store.get_commit(repo, parents[0])
-            history = self._first_parents.chain(repo, under, stop_at=seen_head, limit=HISTORY_LIMIT)
+            history = self._first_parents.chain(repo, under, stop_at=seen_head)
             try:
                 if decide_publication(under, seen_head, me, history) is HeadDecision.BESIDE:
                     return

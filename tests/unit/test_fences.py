@@ -7,7 +7,9 @@ import pytest
 from perago.errors import AttemptFenceError, PublishFenceError
 from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, HeadDecision, check_attempt, decide_publication
+from perago.publish.first_parents import FirstParents
 from perago.store import Commit
+from perago.testing import MemoryStore
 
 ME = AttemptIdentity("wf-1", "clean", "task-2", retry_count=1, poll_count=1, task_type="t")
 EARLIER = AttemptIdentity("wf-1", "clean", "task-1", retry_count=0, poll_count=1, task_type="t")
@@ -102,8 +104,10 @@ def test_identity_round_trips_through_commit_metadata() -> None:
     assert AttemptIdentity.from_commit(Commit("c", metadata={"perago.task_id": "x"})) is None
 
 
-def test_a_walk_cut_at_its_limit_says_so_and_a_rewritten_branch_says_that() -> None:
-    """Issue 26: 500 publications since the input ref were reported as a rewritten branch."""
+def test_a_walk_cut_short_says_so_and_a_rewritten_branch_says_that() -> None:
+    """Issue 26: 500 publications since the input ref were reported as a rewritten branch.
+    The fence reads down to the input ref (issue 41), so a chain that stops short of it
+    and of the branch's first commit is a caller's bug, and says so."""
     me = AttemptIdentity("wf", "step", "t1", 0, 1, "tt", scope="p=0/")
     siblings = [
         Commit(
@@ -115,9 +119,40 @@ def test_a_walk_cut_at_its_limit_says_so_and_a_rewritten_branch_says_that() -> N
         )
         for i in range(5)
     ]
-    with pytest.raises(PublishFenceError, match="not among the newest 5 commits") as cut:
+    with pytest.raises(PublishFenceError, match="not among the 5 commits read") as cut:
         decide_publication(siblings[0], "r0", me, siblings)
-    assert "Split the fan-out into rounds" in cut.value.message
+    assert "This is a bug in the caller" in cut.value.message
     rooted = [*siblings[:4], Commit("c4", (), metadata=siblings[4].metadata)]
     with pytest.raises(PublishFenceError, match="reset or rewritten since"):
         decide_publication(rooted[0], "r0", me, rooted)
+
+
+def test_the_fence_reads_any_number_of_sibling_publications_down_to_the_input_ref() -> None:
+    """Issue 41: no ceiling. 6,000 disjoint sibling publications since the input ref (the
+    fence used to stop at 5,000 and fail closed), walked through the fences' commit cache
+    on a store, as the publisher walks them: the publication goes beside them, and an
+    earlier attempt of this step deep under them is still found and replaced."""
+    store = MemoryStore()
+    store.create_repository("repo")
+    input_ref = store.branch_head("repo", "main")
+    for i in range(6000):
+        owner = AttemptIdentity("wf", f"p{i}", f"s{i}", 0, 1, "tt", scope=f"parts/p={i}/")
+        metadata = owner.metadata(input_ref, kind="publication")
+        if i == 7:  # an earlier attempt of `me`, merged deep under the siblings
+            earlier = AttemptIdentity("wf", "me", "t0", 0, 1, "tt", scope="parts/me/")
+            store.create_branch("repo", "staging", "main")
+            store.upload_bytes("repo", "staging", "parts/me/f", b"x")
+            store.commit("repo", "staging", message="stage", metadata={})
+            metadata = earlier.metadata(input_ref, kind="publication")
+            store.merge("repo", "staging", "main", message="me", metadata=metadata)
+            continue
+        store.upload_bytes("repo", "main", f"parts/p={i}/f", b"x")
+        store.commit("repo", "main", message=f"p{i}", metadata=metadata)
+    first_parents = FirstParents(store)
+    head = store.get_commit("repo", "main")
+    chain = first_parents.chain("repo", head, stop_at=input_ref)
+    assert len(chain) == 6001 and chain[-1].id == input_ref
+    other = AttemptIdentity("wf", "other", "t9", 0, 1, "tt", scope="parts/other/")
+    assert decide_publication(head, input_ref, other, chain) is HeadDecision.BESIDE
+    me = AttemptIdentity("wf", "me", "t1", 1, 1, "tt", scope="parts/me/")
+    assert decide_publication(head, input_ref, me, chain) is HeadDecision.SCOPED_REPLACE
