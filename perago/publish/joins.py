@@ -19,8 +19,9 @@ from perago.store import VersionStore
 
 __all__ = ["JOIN_HISTORY_LIMIT", "RETRY_HISTORY_LIMIT", "check_contains", "unpinned_input_ref"]
 
-#: How far back a retry without ``ref`` looks for its earlier attempt's publication (the
-#: publish fence reads as far).
+#: How far back a retry without ``ref`` looks for its earlier attempt's publication. A wider
+#: fan-out pins its ref (``${workflow.input.workspace.ref}``, as the examples do): the
+#: publish fence then reads down to it, however many siblings published since.
 RETRY_HISTORY_LIMIT = 500
 
 #: How far back the head's first-parent history is searched for the listed refs.

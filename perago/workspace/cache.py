@@ -12,7 +12,11 @@ An attempt reading an object the cache holds gets the entry's file itself, moved
 cache (:meth:`ContentCache.lend`): a rename per file, nothing copied while the task's clock
 runs. Once the attempt is reported, the files it downloaded, borrowed or uploaded are copied
 into the cache (:meth:`ContentCache.adopt`; a reflink where the filesystem has them) if they
-are provably unchanged; the attempt directory, originals included, is then removed.
+are provably unchanged; the attempt directory, originals included, is then removed. A place
+frees when its body ends, so the next attempt (a re-read of the same data) may start while
+that adoption runs: it copies the files the adoption has not reached yet itself, with the
+same proof, and waits for the one being copied, instead of downloading them again (the
+adoption takes the files last read first, so the two meet in the middle).
 
 Safety, since a task body owns its attempt directory and may rewrite or append to any file
 in place, keep files open, or link them elsewhere:
@@ -43,8 +47,9 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +66,10 @@ log = structlog.get_logger("perago.workspace.cache")
 _FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 _NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF}
 _CHUNK = 1024 * 1024
+#: How long a read waits for an entry that an adoption running now is about to take, rather
+#: than download it again: a place frees when its body ends, so the next attempt on this
+#: worker (a re-read of the same data) can start while the last one's files are adopted.
+ADOPTION_WAIT_S = 10.0
 
 
 def clone_file(src_fd: int, dst_fd: int, size: int) -> str:
@@ -100,6 +109,14 @@ class _Voucher:
     ino: int
     ctime_ns: int
     settled_ns: int  # a ctime the filesystem stamped after ctime_ns was recorded
+
+
+@dataclass(frozen=True, eq=False)
+class _Source:
+    """A vouched-for file an adoption will take (compared by identity: each is queued once)."""
+
+    path: Path
+    voucher: _Voucher
 
 
 @dataclass(frozen=True)
@@ -153,6 +170,19 @@ def _fill(fd: int, fill: Callable[[int], object], size: int) -> os.stat_result |
     return st if st.st_size == size else None
 
 
+def _proven(path: Path, v: _Voucher) -> os.stat_result | None:
+    """``path``'s stat if the kernel proves it still holds the bytes ``v`` vouches for
+    (see the module doc), else None (changed, replaced or deleted by its owner)."""
+    if not v.ctime_ns < v.settled_ns:
+        return None
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None  # the body deleted it (an ordinary overwrite): nothing to take
+    proof = (stat.S_ISREG(st.st_mode), st.st_size, st.st_ino, st.st_ctime_ns)
+    return st if proof == (True, v.size, v.ino, v.ctime_ns) else None
+
+
 def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
@@ -186,6 +216,13 @@ class ContentCache:
         self.root.mkdir(mode=0o700)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        #: Notified as each file of an adoption is taken (or refused).
+        self._adopting = threading.Condition(self._lock)
+        #: Keys an adoption running now is about to take, and how many times.
+        self._pending: Counter[str] = Counter()
+        #: The files of running adoptions not yet started on, by key: a read of such a key
+        #: copies the file itself (:meth:`_claim`) instead of waiting for its turn.
+        self._queued: dict[str, list[_Source]] = {}
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
         self._vouchers: dict[Path, dict[str, _Voucher]] = {}
@@ -233,9 +270,12 @@ class ContentCache:
         damaged entry is dropped and counted as a miss.
         """
         with self._lock:
-            entry = self._entries.get(key)
+            claimed = self._claim(key)
+            entry = None if claimed else self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
+        if claimed is not None:
+            return self._copy_claimed(claimed, dest)
         if entry is None:
             _MISS.inc()
             return None
@@ -261,6 +301,48 @@ class ContentCache:
         metrics.CACHE_BYTES_SAVED.inc(entry.size)
         return copied
 
+    def _claim(self, key: str) -> _Source | None:
+        """(Under the lock.) For a key the cache does not hold: a file a running adoption has
+        queued, taken off its queue for the reader to copy; else, if an adoption is copying
+        the key in right now, wait until it is done (at most ADOPTION_WAIT_S). A place frees
+        when its body ends, so the next attempt on this worker (a re-read of the same data)
+        can start while the last one's files are adopted: the read and the adoption then
+        share the copying instead of the read downloading it all again."""
+        deadline = None
+        while key not in self._entries:
+            queued = self._queued.get(key)
+            if queued:
+                source = queued.pop(0)
+                if not queued:
+                    del self._queued[key]
+                return source
+            if not self._pending[key]:
+                return None
+            now = time.monotonic()
+            deadline = deadline or now + ADOPTION_WAIT_S
+            if now >= deadline or not self._adopting.wait(deadline - now):
+                return None
+        return None
+
+    def _copy_claimed(self, source: _Source, dest: Path) -> os.stat_result | None:
+        """Copy a claimed file into ``dest`` if the kernel proves it unchanged, as adopting
+        it would (a new inode for the reader: what still holds the old file cannot reach
+        this one); a hit, or a miss to download."""
+        try:
+            copied = self._copy_vouched(source.path, source.voucher, dest)
+        except OSError as e:
+            log.warning("cache_claim_failed", file=str(source.path), error=str(e))
+            copied = None
+        finally:
+            with self._lock:
+                self._settled(source.voucher.key)
+        if copied is None:
+            _MISS.inc()
+            return None
+        _HIT.inc()
+        metrics.CACHE_BYTES_SAVED.inc(source.voucher.size)
+        return copied
+
     def can_lend(self, root: Path) -> bool:
         """True if entries can move into files under ``root`` by rename (same filesystem)."""
         return os.stat(root).st_dev == os.stat(self.root).st_dev
@@ -273,9 +355,12 @@ class ContentCache:
         filesystems, the entry stays and ``dest`` gets a copy (:meth:`copy_to`).
         """
         with self._lock:
-            entry = self._entries.pop(key, None)
+            claimed = self._claim(key)
+            entry = None if claimed else self._entries.pop(key, None)
             if entry is not None:
                 self._bytes -= entry.size
+        if claimed is not None:
+            return self._copy_claimed(claimed, dest)
         if entry is None:
             _MISS.inc()
             return None
@@ -342,29 +427,74 @@ class ContentCache:
             vouchers = self._vouchers.pop(root, {})
             if self._closed:
                 return 0
+            sources = [_Source(root / relative, v) for relative, v in vouchers.items()]
+            for source in sources:
+                self._queued.setdefault(source.voucher.key, []).append(source)
+                self._pending[source.voucher.key] += 1
         taken = 0
-        for relative, v in vouchers.items():
-            try:
-                taken += self._adopt(root / relative, v)
-            except OSError as e:
-                log.warning("cache_adopt_failed", file=relative, error=str(e))
+        try:  # last read first: a re-read (in reading order) copies from the other end
+            for source in reversed(sources):
+                with self._lock:
+                    if not self._unqueue(source):
+                        continue  # a read claimed it (and settled it)
+                try:
+                    taken += self._adopt(source.path, source.voucher)
+                except OSError as e:
+                    log.warning("cache_adopt_failed", file=str(source.path), error=str(e))
+                finally:
+                    with self._lock:
+                        self._settled(source.voucher.key)
+        finally:  # an interrupted adoption leaves no read waiting for what it will not take
+            with self._lock:
+                for source in sources:
+                    if self._unqueue(source):
+                        self._settled(source.voucher.key)
         return taken
 
+    def _unqueue(self, source: _Source) -> bool:
+        """(Under the lock.) Take ``source`` off its key's queue; False if a read claimed it."""
+        queued = self._queued.get(source.voucher.key, [])
+        for i, other in enumerate(queued):
+            if other is source:
+                del queued[i]
+                if not queued:
+                    del self._queued[source.voucher.key]
+                return True
+        return False
+
+    def _settled(self, key: str) -> None:
+        """(Under the lock.) One pending adoption of ``key`` is over: wake its readers."""
+        self._pending[key] -= 1
+        if self._pending[key] <= 0:
+            del self._pending[key]
+        self._adopting.notify_all()
+
     def _adopt(self, path: Path, v: _Voucher) -> bool:
-        if v.size > self.max_bytes or not v.ctime_ns < v.settled_ns:
+        if v.size > self.max_bytes:
             return False
         with self._lock:
             if v.key in self._entries:
                 self._entries.move_to_end(v.key)
                 return False
+        st = _proven(path, v)
+        return st is not None and self.add_file(v.key, path, v.size, before=st)
+
+    @staticmethod
+    def _copy_vouched(path: Path, v: _Voucher, dest: Path) -> os.stat_result | None:
+        """A new file ``dest`` with the bytes of ``path``, if its voucher proves them the
+        object's and the file did not change while being copied; its stat, else None."""
+        before = _proven(path, v)
+        if before is None:
+            return None
+        src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return False  # the body deleted it (an ordinary overwrite): nothing to take
-        proof = (stat.S_ISREG(st.st_mode), st.st_size, st.st_ino, st.st_ctime_ns)
-        if proof != (True, v.size, v.ino, v.ctime_ns):
-            return False
-        return self.add_file(v.key, path, v.size, before=st)
+            copied = write_new(dest, lambda fd: clone_file(src, fd, v.size), v.size)
+            if copied is not None and _stamp(os.fstat(src)) != _stamp(before):
+                dest.unlink(missing_ok=True)
+                return None
+            return copied
+        finally:
+            os.close(src)
 
     def add_file(self, key: str, source: Path, size: int, *, before: os.stat_result) -> bool:
         """Copy ``source`` (of ``size`` bytes, stat ``before`` taken earlier) into the cache.
@@ -378,44 +508,42 @@ class ContentCache:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return True
+        # Written at its final name, read-only from birth: nobody reads it before it is
+        # installed, and every entry file has its own name, so a racing add of the same key,
+        # or a reader dropping a damaged entry, never touches another entry's file.
+        final = self.root / f"{key}-{uuid.uuid4().hex[:8]}"
         try:
-            src = os.open(source, os.O_RDONLY)
+            src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return False
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".add-")
+            fd = os.open(final, _NEW, 0o400)
             try:
                 try:
                     clone_file(src, fd, size)
-                    copied = os.fstat(fd).st_size
+                    written = os.fstat(fd)
                 finally:
                     os.close(fd)
                 after = os.fstat(src)
                 unchanged = _stamp(after) == _stamp(before)
-                if not unchanged or copied != size or after.st_size != size:
-                    Path(tmp).unlink(missing_ok=True)
+                if not unchanged or written.st_size != size or after.st_size != size:
+                    final.unlink(missing_ok=True)
                     return False
-                return self._install(key, Path(tmp), size)
+                return self._install(key, _Entry(final, size, _stamp(written)))
             except BaseException:
-                Path(tmp).unlink(missing_ok=True)
+                final.unlink(missing_ok=True)
                 raise
         finally:
             os.close(src)
 
-    def _install(self, key: str, tmp: Path, size: int) -> bool:
-        # Every entry file has its own name: a racing add of the same key, or a reader
-        # dropping a damaged entry, never touches another entry's file.
-        os.chmod(tmp, stat.S_IRUSR)
-        final = self.root / f"{key}-{uuid.uuid4().hex[:8]}"
-        os.rename(tmp, final)
-        entry = _Entry(final, size, _stamp(os.stat(final)))
+    def _install(self, key: str, entry: _Entry) -> bool:
         evicted: list[_Entry] = []
         with self._lock:
             if key in self._entries:  # another thread added it meanwhile: keep theirs
                 evicted.append(entry)
             else:
                 self._entries[key] = entry
-                self._bytes += size
+                self._bytes += entry.size
             while self._bytes > self.max_bytes and self._entries:
                 _, victim = self._entries.popitem(last=False)
                 self._bytes -= victim.size

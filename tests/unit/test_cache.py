@@ -14,6 +14,7 @@ import structlog.testing
 
 from perago.testing import MemoryStore
 from perago.workspace import ContentCache, materialize, upload_all
+from perago.workspace import cache as cache_module
 from perago.workspace.cache import _owner_runs, clone_file
 from tests.clock import tick_past
 
@@ -332,3 +333,62 @@ def test_folders_of_processes_that_no_longer_run_are_removed_at_start(tmp_path: 
         other.wait()
     cache.close()
     assert not cache.root.exists()
+
+
+def test_a_read_during_the_last_attempts_adoption_copies_what_it_has_not_reached(
+    store: CountingStore, tmp_path: Path, cache: ContentCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: a place frees when its body ends, so a re-read can start while the last
+    attempt's files are still being adopted. It then downloads nothing: it copies the
+    files the adoption has not reached (each a new inode, proven unchanged as adopting
+    proves it) and waits for the one being copied; the adoption skips what it claimed."""
+    files = {f"f{i}.bin": bytes([i]) * 100 for i in range(40)}
+    ref = _publish(store, files, tmp_path, cache)
+    _read(store, ref, tmp_path / "a1", cache)  # the first reader borrows every entry
+    assert len(cache) == 0
+    store.downloads = 0
+    slow, started = threading.Event(), threading.Event()
+    real_add, adopted = cache.add_file, []
+
+    def add_slowly(*args, **kwargs):  # type: ignore[no-untyped-def]
+        adopted.append(args[0])
+        started.set()
+        slow.wait(0.05)  # each adoption step waits: the re-read overtakes it
+        return real_add(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "add_file", add_slowly)
+    adoption = threading.Thread(target=cache.adopt, args=(tmp_path / "a1",))
+    adoption.start()
+    assert started.wait(5)
+    _read(store, ref, tmp_path / "a2", cache)  # the re-read, while the adoption runs
+    adoption.join(10)
+    assert store.downloads == 0, "the re-read downloaded what the adoption was taking"
+    for rel, data in files.items():
+        assert (tmp_path / "a2" / rel).read_bytes() == data
+        assert os.stat(tmp_path / "a2" / rel).st_ino != os.stat(tmp_path / "a1" / rel).st_ino
+    # The adoption copied some (the reader waited for those and borrowed them); the reader
+    # copied the rest itself.
+    assert 1 <= len(adopted) < len(files)
+
+
+def test_a_queued_file_changed_after_its_body_is_not_copied_by_a_read(
+    store: CountingStore, tmp_path: Path, cache: ContentCache
+) -> None:
+    """A claim proves the file as adopting does: one the body rewrote is downloaded instead."""
+    files = {"a.bin": b"a" * 100, "b.bin": b"b" * 100}
+    ref = _publish(store, files, tmp_path, cache)
+    _read(store, ref, tmp_path / "a1", cache)
+    (tmp_path / "a1" / "a.bin").write_bytes(b"X" * 100)  # same size, new bytes
+    with cache._lock:  # queue the adoption as adopt() does, without running it yet
+        vouchers = cache._vouchers.pop(tmp_path / "a1")
+        for rel, v in vouchers.items():
+            cache._queued.setdefault(v.key, []).append(
+                cache_module._Source(tmp_path / "a1" / rel, v)
+            )
+            cache._pending[v.key] += 1
+    store.downloads = 0
+    _read(store, ref, tmp_path / "a2", cache)
+    assert store.downloads == 1  # a.bin: downloaded; b.bin: copied from the queued file
+    assert (tmp_path / "a2" / "a.bin").read_bytes() == b"a" * 100
+    assert (tmp_path / "a2" / "b.bin").read_bytes() == b"b" * 100
+    assert not cache._pending and not cache._queued

@@ -141,8 +141,10 @@ def test_an_earlier_attempt_under_siblings_is_a_scoped_replacement() -> None:
 def test_own_publication_under_siblings_is_landed_and_a_rewritten_branch_fails() -> None:
     history = chain(RIGHT, LEFT)
     assert decide(history[0], "R", RIGHT, history) is HeadDecision.LANDED
-    with pytest.raises(PublishFenceError, match="or the branch was rewritten"):
-        decide(history[0], "R", ident("x", "z/"), history[:-1])
+    # The walk reached the branch's first commit without meeting R: the branch was rewritten.
+    rewritten = [*history[:-2], Commit(history[-2].id, (), metadata=history[-2].metadata)]
+    with pytest.raises(PublishFenceError, match="reset or rewritten since"):
+        decide(rewritten[0], "R", ident("x", "z/"), rewritten)
 
 
 def snap(me: AttemptIdentity) -> TaskSnapshot:
