@@ -201,6 +201,11 @@ class ConflictError(StoreError):
     pass
 
 
+class HeadMovedError(ConflictError):
+    """lakeFS refused a publication's merge: the expected-head hook saw the destination head
+    move after the publish fence (a fan-out sibling landed). Fence again on the new head."""
+
+
 class TransientStoreError(StoreError):
     """A transfer failed in a way another try may mend (no answer, a reset, HTTP 429/5xx);
     libcurl batches (perago.adapters.curl) start it again from byte 0."""

@@ -13,6 +13,7 @@ __all__ = [
     "ACTIONS_PREFIX",
     "COORD_BRANCH",
     "COORD_ROOT",
+    "HEAD_MOVED",
     "HOOK_PATH",
     "METADATA_PREFIX",
     "RESERVED_PREFIXES",
@@ -34,6 +35,10 @@ METADATA_PREFIX = "perago."
 #: Where lakeFS reads a repository's actions (hooks) from.
 ACTIONS_PREFIX = "_lakefs_actions/"
 RESERVED_PREFIXES = ("_perago/", ACTIONS_PREFIX)
+
+#: How the expected-head hook's refusal begins (its Lua ``error``): lakeFS answers the merge
+#: with HTTP 412 and this text, which the adapter turns into ``HeadMovedError``.
+HEAD_MOVED = "perago: destination head is "
 
 #: Where the per-scope publication markers live (inside the reserved ``_perago/``).
 SCOPE_MARKER_ROOT = "_perago/scopes/"

@@ -27,9 +27,16 @@ from urllib.parse import quote, urlsplit
 import structlog
 import urllib3
 
+from perago import lakefs_names as names
 from perago.adapters.curl import CurlPool, Transfer
 from perago.adapters.retry_policy import retrying
-from perago.errors import ConflictError, NotFoundError, StoreError, WorkspaceError
+from perago.errors import (
+    ConflictError,
+    HeadMovedError,
+    NotFoundError,
+    StoreError,
+    WorkspaceError,
+)
 from perago.parallel import run_parallel
 from perago.store import DownloadJob, FileSink, ObjectInfo, Sink, UploadJob
 
@@ -51,6 +58,8 @@ def error_for(status: int | None, reason: str, body: str, what: str) -> StoreErr
     message = f"{what} failed with HTTP {status}: {body[:300] or reason}"
     if status == 404:
         return NotFoundError(message, status=status)
+    if status == 412 and names.HEAD_MOVED in body:  # the one place lakeFS's text is read
+        return HeadMovedError(message, status=status)
     if status in (409, 412):
         return ConflictError(message, status=status)
     if status in (401, 403):

@@ -18,7 +18,7 @@ from perago.store import VersionStore
 __all__ = ["HOOK_PATH", "HOOK_YAML", "install"]
 
 HOOK_PATH = names.HOOK_PATH
-HOOK_YAML = """\
+HOOK_YAML = f"""\
 name: perago expected head
 description: Reject a Perago publication whose destination head moved after the publish fence.
 on:
@@ -32,7 +32,7 @@ hooks:
         local expected = action.commit.metadata["perago.expected_head"]
         local head = action.commit.parents[1]
         if expected ~= nil and expected ~= "" and head ~= expected then
-          error("perago: destination head is " .. tostring(head) .. ", expected " .. expected)
+          error("{names.HEAD_MOVED}" .. tostring(head) .. ", expected " .. expected)
         end
 """
 

@@ -22,6 +22,7 @@ from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.errors import (
     ConflictError,
     CoordStoreError,
+    HeadMovedError,
     PublishFenceError,
     StoreError,
     WorkspaceError,
@@ -439,7 +440,7 @@ class Publisher:
             try:
                 return self._merge(me, target, staged, lease, head)
             except ConflictError as e:
-                moved = e.status == 412 and "perago: destination head" in e.message
+                moved = isinstance(e, HeadMovedError)
                 error = PublishFenceError(
                     f"lakeFS rejected the merge into {target.branch} ({e.message}): another "
                     "publication from the same input ref landed first, or the head moved after "

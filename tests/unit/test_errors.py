@@ -76,3 +76,20 @@ def test_coordination_errors_have_their_own_lineage() -> None:
 )
 def test_one_place_maps_an_exception_to_an_outcome(error: BaseException, outcome: Outcome) -> None:
     assert outcome_of(error, where="publish") == outcome
+
+
+def test_lakefs_answers_are_typed_where_they_are_read() -> None:
+    """Issue 42: the publisher decides on types, never on lakeFS's text. The adapter reads
+    the expected-head hook's refusal (HTTP 412 carrying the hook's Lua error) once, as a
+    HeadMovedError; any other 412 or 409 stays a plain ConflictError."""
+    from perago.adapters.objects import error_for
+    from perago.errors import ConflictError, HeadMovedError
+    from perago.lakefs_names import HEAD_MOVED
+    from perago.publish.expected_head_hook import HOOK_YAML
+
+    assert HEAD_MOVED in HOOK_YAML  # the hook says what the adapter looks for
+    moved = error_for(412, "", f"hook failed: {HEAD_MOVED}abc, expected def", "lakeFS merge")
+    assert type(moved) is HeadMovedError and moved.status == 412
+    for status, body in ((412, "pre-merge hook: some other check failed"), (409, "conflict")):
+        other = error_for(status, "", body, "lakeFS merge")
+        assert type(other) is ConflictError

@@ -11,16 +11,17 @@ import pytest
 
 from perago import steps
 from perago.adapters.conductor import TaskSnapshot
+from perago.adapters.objects import error_for
 from perago.coord import MemoryStore as CoordMemory
 from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.coord.lease import LeaseManager
 from perago.errors import (
     AttemptFenceError,
-    ConflictError,
     LeaseBusyError,
     PeragoError,
     PublishFenceError,
 )
+from perago.lakefs_names import HEAD_MOVED
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.expected_head_hook import install, installed
 from perago.publish.group_commit import GroupMember, LeaseGroups
@@ -358,10 +359,10 @@ class HookedStore(MemoryStore):
             head = self.branch_head(repository, destination)
             hooked = self.runs_hooks and installed(self, repository, source)
             if hooked and expected and head != expected:
-                raise ConflictError(
-                    f"pre-merge hook: perago: destination head is {head}, expected {expected}",
-                    status=412,
-                )
+                # What lakeFS answers when the hook's Lua errors, through the adapter's
+                # translation of its answers (a HeadMovedError).
+                answer = f"pre-merge hook: {HEAD_MOVED}{head}, expected {expected}"
+                raise error_for(412, "Precondition Failed", answer, "lakeFS merge")
             return super().merge(
                 repository, source, destination, message=message, metadata=metadata
             )
