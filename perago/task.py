@@ -149,12 +149,6 @@ class WorkspaceSpec:
         """The params fields a templated prefix (``"events/day={day}/"``) is filled from."""
         return template_fields(self.prefix)
 
-    @property
-    def input_fields(self) -> tuple[str, ...]:
-        """The params fields the inputs' templates are filled from."""
-        seen = {f: None for p in self.inputs.values() for f in template_fields(p)}
-        return tuple(seen)
-
     def render(self, params: BaseModel) -> str:
         """The attempt's scope: the prefix with its fields filled from ``params``.
 

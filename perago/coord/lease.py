@@ -196,11 +196,6 @@ class LeaseManager:
     def ttl(self) -> float:
         return self._ttl
 
-    @property
-    def poll_seconds(self) -> float:
-        """How often a waiting :meth:`acquire` reads a busy lease again."""
-        return self._poll(self._ttl)
-
     def check(self, grant: Grant) -> None:
         """Re-read the lease: LeaseLostError unless it is still ours with the same token."""
         self._ours(grant)
