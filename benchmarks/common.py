@@ -50,7 +50,7 @@ LAKECTL_VAR = "PERAGO_BENCH_LAKECTL"
 _LAKECTL_FILES = (".lakefs_ref.yaml",)
 
 
-def fanout_workflow(name: str) -> dict[str, Any]:
+def fanout_workflow(name: str, *, timeout_seconds: int = 900) -> dict[str, Any]:
     """A workflow of one FORK_JOIN_DYNAMIC over ``${workflow.input.tasks}`` (with
     ``${workflow.input.inputs}``), then its JOIN."""
     dyn = {
@@ -71,7 +71,7 @@ def fanout_workflow(name: str) -> dict[str, Any]:
         "schemaVersion": 2,
         "ownerEmail": "perago@example.com",
         "inputParameters": ["workspace"],
-        "timeoutSeconds": 900,
+        "timeoutSeconds": timeout_seconds,
         "tasks": [dyn, join],
     }
 

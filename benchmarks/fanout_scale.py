@@ -17,6 +17,7 @@ commit), and CPU seconds per process and phase.
     python -m benchmarks.fanout_scale                 # 64 and 256
     python -m benchmarks.fanout_scale 64 256 1000
     python -m benchmarks.fanout_scale --hook 256      # with the expected-head hook
+    python -m benchmarks.fanout_scale --perago-only 5000   # Perago and its floor only
 """
 
 from __future__ import annotations
@@ -232,9 +233,43 @@ def _stop_plain(workers: list[subprocess.Popen[bytes]]) -> None:
             w.wait()
 
 
+NOT_RUN = float("nan")  # a phase --perago-only skips
+
+
+def _s(seconds: float) -> str:
+    return "-" if seconds != seconds else f"{seconds:.1f} s"
+
+
+def _x(wall: float, baseline: float) -> str:
+    return "-" if baseline != baseline else f"{wall / baseline:.2f}x"
+
+
+def _plain(
+    env: dict[str, str],
+    work_dir: Path,
+    suffix: str,
+    cpu: _Cpu,
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    flow: str,
+    parts: int,
+) -> tuple[float, dict[str, float]]:
+    """The plain worker's phase: its processes started for it, stopped after."""
+    plain_workers = _start_plain(env, work_dir / f"bench-scale-{suffix}-{parts}-plain.log")
+    try:
+        time.sleep(2)  # the handler's processes start polling
+        (plain, _), used = cpu.measure(
+            partial(_fanout, conductor, store, flow, parts, PLAIN_TASK),
+            [w.pid for w in plain_workers],
+        )
+        return plain, used
+    finally:
+        _stop_plain(plain_workers)
+
+
 def main(argv: list[str]) -> int:
-    hook = "--hook" in argv
-    sizes = [int(a) for a in argv if a != "--hook"] or [64, 256]
+    hook, perago_only = "--hook" in argv, "--perago-only" in argv
+    sizes = [int(a) for a in argv if not a.startswith("--")] or [64, 256]
     stack = resolve_stack()
     env = {**os.environ, **stack.env}
     settings = load(env=env)
@@ -245,9 +280,11 @@ def main(argv: list[str]) -> int:
     conductor.register_task_defs(
         [{"name": PLAIN_TASK, "retryCount": 0, "ownerEmail": "perago@example.com"}]
     )
-    conductor.put_workflow_defs([fanout_workflow(flow)])
+    timeout = int(60 + max(sizes) * 2.0)  # as _fanout waits
+    conductor.put_workflow_defs([fanout_workflow(flow, timeout_seconds=timeout)])
     cpu = _Cpu(stack)
-    rows, used = [], []
+    rows: list[tuple[int, float, float, float, float, str, list[Path]]] = []
+    used: list[tuple[int, str, float, dict[str, float]]] = []
     logs: list[Path] = []
     for parts in sizes:
         size_logs = [
@@ -270,24 +307,15 @@ def main(argv: list[str]) -> int:
             )
         finally:
             stop_workers(workers)
-        plain_log = Path(settings.work_dir) / f"bench-scale-{suffix}-{parts}-plain.log"
-        plain_workers = _start_plain(env, plain_log)
-        try:
-            time.sleep(2)  # the handler's processes start polling
-            (plain, _), plain_cpu = cpu.measure(
-                partial(_fanout, conductor, store, flow, parts, PLAIN_TASK),
-                [w.pid for w in plain_workers],
-            )
-        finally:
-            _stop_plain(plain_workers)
-        alone, alone_cpu = cpu.measure(partial(_alone, store, parts), [])
+        used += [(parts, "read-only", floor, floor_cpu), (parts, "Perago", wall, perago_cpu)]
+        plain = alone = NOT_RUN
+        if not perago_only:
+            plain, plain_cpu = _plain(env, Path(settings.work_dir), suffix, cpu, conductor,
+                                      store, flow, parts)  # fmt: skip
+            alone, alone_cpu = cpu.measure(partial(_alone, store, parts), [])
+            used += [(parts, "plain worker", plain, plain_cpu),
+                     (parts, "lakeFS alone", alone, alone_cpu)]  # fmt: skip
         rows.append((parts, wall, plain, alone, floor, wid, size_logs))
-        used += [
-            (parts, "read-only", floor, floor_cpu),
-            (parts, "Perago", wall, perago_cpu),
-            (parts, "plain worker", plain, plain_cpu),
-            (parts, "lakeFS alone", alone, alone_cpu),
-        ]
     print(
         f"(l) fan-out at scale: {WORKERS} workers x {CONCURRENCY} places, each partition "
         f"{FILES} x {SIZE // 1024} KiB, expected-head hook {'on' if hook else 'off'}; plain: "
@@ -302,8 +330,8 @@ def main(argv: list[str]) -> int:
         acquired, joined, lat, retried = _figures(size_logs, wid)
         p50, p99 = percentile(lat, 50), percentile(lat, 99)
         print(
-            f"  {parts:10d} | {wall:4.1f} s | {plain:10.1f} s | {wall / plain:4.2f}x | "
-            f"{alone:10.1f} s | {floor:7.1f} s | {parts / wall:14.1f} | "
+            f"  {parts:10d} | {wall:4.1f} s | {_s(plain):>12} | {_x(wall, plain):>5} | "
+            f"{_s(alone):>12} | {floor:7.1f} s | {parts / wall:14.1f} | "
             f"{p50:6.2f} / {p99:5.2f} s    | {acquired:>10} / {joined:<6}   | {retried}"
         )
     print(f"  worker logs: {', '.join(str(p) for p in logs)}")
