@@ -79,9 +79,12 @@ def test_a_capped_task_type_runs_one_at_a_time_and_light_ones_keep_flowing(
             stub.submit("tc_heavy", {"workspace": ws, "params": {"n": i}}, workflow_id=f"h{i}")
         for i in range(6):
             stub.submit("tc_light", {"workspace": ws, "params": {"n": i}}, workflow_id=f"l{i}")
-        # every light task completes while one heavy attempt blocks the others
+        # every light task completes while one heavy attempt blocks the others (the heavy
+        # body may start after the light ones are done: wait for it, never for a sleep)
         stub.wait_for(lambda s: all(s.settled(f"l{i}") for i in range(6)))
-        assert HEAVY.now == 1
+        stub.wait_for(lambda s: HEAVY.now == 1)
+        assert HEAVY.now == 1 and HEAVY.most == 1
+        assert not any(stub.settled(f"h{i}") for i in range(3))
         HEAVY.release.set()
         stub.wait_for(lambda s: all(s.settled(f"h{i}") for i in range(3)))
     assert HEAVY.most == 1
