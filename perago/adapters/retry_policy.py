@@ -1,7 +1,11 @@
-"""The one retry policy of the adapters' calls that are safe to repeat, as tenacity objects.
+"""The one retry policy of the calls that are safe to repeat, as tenacity objects, and its
+deliberate deviations, each named here.
 
 Blocking calls (lakeFS metadata, Conductor) take it as a decorator; libcurl's batch loop
 cannot block in a call, so it asks :class:`Backoff` the same questions per transfer.
+Deviations: a task body's tries inside its attempt (:func:`body_retry_wait`), the final
+report's re-sends until its read-back shows it (:func:`report_resends`), and a report sent
+under the branch lease (:func:`guarded_report`).
 """
 
 from __future__ import annotations
@@ -11,14 +15,24 @@ from typing import Any, TypeVar, cast
 
 from tenacity import (
     RetryCallState,
+    Retrying,
     retry,
     retry_if_exception,
+    retry_if_result,
+    stop_after_attempt,
     stop_after_delay,
     wait_exponential,
 )
 from tenacity.stop import stop_base
 
-__all__ = ["RETRY_FOR_S", "Backoff", "body_retry_wait", "retrying"]
+__all__ = [
+    "RETRY_FOR_S",
+    "Backoff",
+    "body_retry_wait",
+    "guarded_report",
+    "report_resends",
+    "retrying",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,3 +82,32 @@ def body_retry_wait(first: float, failed: int) -> float:
     state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
     state.attempt_number = failed
     return float(wait(state))
+
+
+def report_resends(resend: Callable[[Any], bool], *, sends: int) -> Retrying:
+    """The final report, sent again while its read-back says ``resend`` (Conductor wrote an
+    extension back over it), at most ``sends`` times. A deviation from :data:`WAIT`: the
+    count, not a time, bounds it (each send is answered), and waits stop growing at 2 s."""
+    return Retrying(
+        retry=retry_if_result(resend),
+        stop=stop_after_attempt(sends),
+        wait=wait_exponential(multiplier=0.2, max=2),
+    )
+
+
+def guarded_report(
+    is_transient: Callable[[BaseException], bool],
+    *,
+    patience: float,
+    before_sleep: Callable[[RetryCallState], None],
+) -> Retrying:
+    """A report sent under the branch lease, tried again on ``is_transient`` errors for
+    ``patience`` seconds (a Conductor restart). A deviation from :data:`WAIT`: the first
+    wait is 0.25 s, since siblings wait for the lease this report holds."""
+    return Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_delay(patience),
+        wait=wait_exponential(multiplier=0.25, max=5),
+        before_sleep=before_sleep,
+        reraise=True,
+    )

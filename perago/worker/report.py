@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import enum
 import threading
-import time
 from collections.abc import Callable
 
 import structlog
-from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt, wait_exponential
+from tenacity import RetryCallState, RetryError
 
 from perago import metrics
+from perago.adapters.retry_policy import guarded_report, report_resends
 from perago.coord.branch_leases import BranchLease
 from perago.errors import OrchestratorError
 from perago.orchestrator import TaskSnapshot
@@ -91,11 +91,7 @@ class TaskUpdates:
         with self._lock:  # waits for an extension in flight, and stops the next one
             self._final = True
         d = self._delivery
-        retrying = Retrying(
-            retry=retry_if_result(lambda verdict: verdict is Landing.RESEND),
-            stop=stop_after_attempt(self._sends),
-            wait=wait_exponential(multiplier=0.2, max=2),
-        )
+        retrying = report_resends(lambda verdict: verdict is Landing.RESEND, sends=self._sends)
         sent = 0
 
         def send_and_read() -> Landing:
@@ -128,21 +124,24 @@ def under_lease(
     seconds (a Conductor restart). LeaseLostError: another delivery took the branch, so this
     one must not report COMPLETED: the branch may contradict it (docs/model-check.md)."""
 
+    def transient(e: BaseException) -> bool:
+        """Unreachable or 5xx/429: ride out a restart while the lease holds."""
+        return isinstance(e, OrchestratorError) and (
+            not e.status or e.status >= 500 or e.status == 429
+        )
+
+    def logged(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "report_send_failed", error=getattr(error, "message", str(error)), retry_in=wait
+        )
+
+    def send_once() -> None:
+        lease.refresh()  # renewed first when half its ttl is gone
+        lease.guarded(send)
+
     def guarded_send() -> None:
-        deadline = time.monotonic() + patience
-        delay = 0.25
-        while True:
-            lease.refresh()
-            try:
-                lease.guarded(send)
-                return
-            except OrchestratorError as e:
-                # Unreachable or 5xx/429: ride out a restart while the lease holds.
-                transient = not e.status or e.status >= 500 or e.status == 429
-                if not transient or time.monotonic() > deadline:
-                    raise
-                log.warning("report_send_failed", error=e.message, retry_in=delay)
-            time.sleep(delay)
-            delay = min(5.0, delay * 2)
+        guarded_report(transient, patience=patience, before_sleep=logged)(send_once)
 
     return guarded_send

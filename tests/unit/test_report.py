@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from perago.errors import LeaseLostError, OrchestratorError
 from perago.orchestrator import TaskSnapshot
-from perago.worker.report import Landing, TaskUpdates, landing
+from perago.worker.report import Landing, TaskUpdates, landing, under_lease
 
 DELIVERY = TaskSnapshot(
     task_id="t0",
@@ -114,3 +115,65 @@ def test_a_later_delivery_owning_the_task_stops_the_resends() -> None:
     )
     assert updates.report("COMPLETED", task.send) is Landing.SUPERSEDED
     assert task.sends == ["COMPLETED"]
+
+
+class _Lease:
+    """A branch lease whose guarded write just runs; counts renewals, can be lost."""
+
+    def __init__(self, lost_after: int | None = None) -> None:
+        self.refreshed = 0
+        self.lost_after = lost_after
+
+    def refresh(self) -> None:
+        self.refreshed += 1
+        if self.lost_after is not None and self.refreshed > self.lost_after:
+            raise LeaseLostError("another delivery took the branch")
+
+    def guarded(self, write):  # type: ignore[no-untyped-def]
+        return write(5.0)
+
+
+def test_a_report_under_the_lease_rides_out_transient_errors_and_nothing_else() -> None:
+    """Issue 42 (one retry policy): the guarded report's tries come from retry_policy.
+    Unreachable/5xx/429 are tried again (the lease renewed before each try); a 4xx, a lost
+    lease, or errors past the patience end it at once."""
+    answers: list[OrchestratorError | None] = [
+        OrchestratorError("no answer"),
+        OrchestratorError("busy", status=503),
+        None,
+    ]
+    sent: list[float] = []
+
+    def send(timeout: float) -> None:
+        sent.append(timeout)
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    lease = _Lease()
+    under_lease(lease, send, patience=30)()  # type: ignore[arg-type]
+    assert len(sent) == 3 and lease.refreshed == 3
+
+    refused = _Lease()
+    with pytest.raises(OrchestratorError, match="bad request"):
+        under_lease(refused, _failing(400), patience=30)()  # type: ignore[arg-type]
+    assert refused.refreshed == 1
+
+    lost = _Lease(lost_after=1)
+    with pytest.raises(LeaseLostError):
+        under_lease(lost, _failing(503), patience=30)()  # type: ignore[arg-type]
+    assert lost.refreshed == 2
+
+    tries: list[float] = []
+    with pytest.raises(OrchestratorError, match="bad request"):
+        under_lease(_Lease(), _failing(503, tries), patience=0.5)()  # type: ignore[arg-type]
+    assert 2 <= len(tries) <= 4  # 0.25 s, then 0.5 s: the patience runs out
+
+
+def _failing(status: int, tries: list[float] | None = None):  # type: ignore[no-untyped-def]
+    def send(timeout: float) -> None:
+        if tries is not None:
+            tries.append(timeout)
+        raise OrchestratorError("bad request", status=status)
+
+    return send
