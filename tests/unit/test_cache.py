@@ -347,16 +347,24 @@ def test_a_read_during_the_last_attempts_adoption_copies_what_it_has_not_reached
     _read(store, ref, tmp_path / "a1", cache)  # the first reader borrows every entry
     assert len(cache) == 0
     store.downloads = 0
-    slow, started = threading.Event(), threading.Event()
-    real_add, adopted = cache.add_file, []
+    started, overtaken = threading.Event(), threading.Event()
+    real_add, real_copy, adopted, claimed = cache.add_file, cache._copy_claimed, [], []
 
-    def add_slowly(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def add_held(*args, **kwargs):  # type: ignore[no-untyped-def]
+        """The adoption's first copy waits until the re-read has claimed every other file."""
         adopted.append(args[0])
         started.set()
-        slow.wait(0.05)  # each adoption step waits: the re-read overtakes it
+        overtaken.wait(10)
         return real_add(*args, **kwargs)
 
-    monkeypatch.setattr(cache, "add_file", add_slowly)
+    def copy_counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        claimed.append(args)
+        if len(claimed) == len(files) - 1:
+            overtaken.set()
+        return real_copy(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "add_file", add_held)
+    monkeypatch.setattr(cache, "_copy_claimed", copy_counted)
     adoption = threading.Thread(target=cache.adopt, args=(tmp_path / "a1",))
     adoption.start()
     assert started.wait(5)

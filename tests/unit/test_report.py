@@ -167,7 +167,7 @@ def test_a_report_under_the_lease_rides_out_transient_errors_and_nothing_else() 
     tries: list[float] = []
     with pytest.raises(OrchestratorError, match="bad request"):
         under_lease(_Lease(), _failing(503, tries), patience=0.5)()  # type: ignore[arg-type]
-    assert 2 <= len(tries) <= 4  # 0.25 s, then 0.5 s: the patience runs out
+    assert len(tries) >= 2  # tried again, then the patience ran out (no clock asserted)
 
 
 def _failing(status: int, tries: list[float] | None = None):  # type: ignore[no-untyped-def]
