@@ -176,10 +176,8 @@ def _samples(endpoint: str, outcome: str) -> float:
     return REGISTRY.get_sample_value("perago_conductor_request_seconds_count", labels) or 0.0
 
 
-def test_task_domains_route_steps_and_calls_are_timed_per_endpoint(
-    conductor: ConductorClient, repo: str, unique: str, stack_env: dict[str, str]
-) -> None:
-    task_name = f"dom_{unique}"
+def _register(conductor: ConductorClient, task_name: str) -> None:
+    """A task definition with no retries and a 30 s response timeout."""
     conductor.register_task_defs(
         [
             {
@@ -191,6 +189,13 @@ def test_task_domains_route_steps_and_calls_are_timed_per_endpoint(
             }
         ]
     )
+
+
+def test_task_domains_route_steps_and_calls_are_timed_per_endpoint(
+    conductor: ConductorClient, repo: str, unique: str, stack_env: dict[str, str]
+) -> None:
+    task_name = f"dom_{unique}"
+    _register(conductor, task_name)
     wf_name = one_step(conductor, f"dom_wf_{unique}", task_name, {})
     polls_before = _samples("poll", "ok")
     wid = conductor.start_workflow(
@@ -214,17 +219,7 @@ def test_a_delivery_given_back_is_delivered_again_at_once(
     (`ConductorClient.give_back`): Conductor 3.32 puts the task back in its queue, and the
     next poll delivers the same task id with its poll count raised; nothing else moved."""
     task_name = f"giveback_{unique}"
-    conductor.register_task_defs(
-        [
-            {
-                "name": task_name,
-                "retryCount": 0,
-                "timeoutSeconds": 60,
-                "responseTimeoutSeconds": 30,
-                "ownerEmail": "perago@example.com",
-            }
-        ]
-    )
+    _register(conductor, task_name)
     wid = conductor.start_workflow(
         one_step(conductor, f"giveback_wf_{unique}", task_name, {}),
         {"workspace": {"repository": repo, "branch": "main"}},
