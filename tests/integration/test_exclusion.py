@@ -12,6 +12,7 @@ import pytest
 
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
+from perago.errors import HeadMovedError
 from perago.publish.expected_head_hook import install
 
 from .harness import (
@@ -162,3 +163,22 @@ def test_foreign_commit_between_fence_and_merge(
         head = store.get_commit(repo, store.branch_head(repo, "main"))
         assert head.parents[0] == foreign.id
     assert staging_branches(store, repo) == []
+
+
+def test_real_lakefs_answers_the_hooks_refusal_as_a_moved_head(
+    store: LakeFSStore, repo: str
+) -> None:
+    """The adapter types what real lakeFS answers when the expected-head hook refuses a merge
+    (HTTP 412 carrying the hook's Lua error) as HeadMovedError, the type the publisher fences
+    again on; the same merge with the head it expects lands."""
+    assert install(store, repo, "main") is not None
+    head = store.branch_head(repo, "main")
+    store.create_branch(repo, "side", head)
+    store.upload_bytes(repo, "side", "x.txt", b"x")
+    store.commit(repo, "side", message="side", metadata={})
+    stale = {"perago.expected_head": "0" * 64}
+    with pytest.raises(HeadMovedError, match="412"):
+        store.merge(repo, "side", "main", message="refused", metadata=stale)
+    assert store.branch_head(repo, "main") == head
+    store.merge(repo, "side", "main", message="lands", metadata={"perago.expected_head": head})
+    assert store.branch_head(repo, "main") != head
