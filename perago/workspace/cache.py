@@ -66,9 +66,7 @@ log = structlog.get_logger("perago.workspace.cache")
 _FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 _NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF}
 _CHUNK = 1024 * 1024
-#: How long a read waits for an entry that an adoption running now is about to take, rather
-#: than download it again: a place frees when its body ends, so the next attempt on this
-#: worker (a re-read of the same data) can start while the last one's files are adopted.
+#: How long a read waits for an entry that an adoption is copying in right now (module doc).
 ADOPTION_WAIT_S = 10.0
 
 
@@ -304,10 +302,8 @@ class ContentCache:
     def _claim(self, key: str) -> _Source | None:
         """(Under the lock.) For a key the cache does not hold: a file a running adoption has
         queued, taken off its queue for the reader to copy; else, if an adoption is copying
-        the key in right now, wait until it is done (at most ADOPTION_WAIT_S). A place frees
-        when its body ends, so the next attempt on this worker (a re-read of the same data)
-        can start while the last one's files are adopted: the read and the adoption then
-        share the copying instead of the read downloading it all again."""
+        the key in right now, wait until it is done (at most ADOPTION_WAIT_S): the read and
+        the adoption share the copying (module doc)."""
         deadline = None
         while key not in self._entries:
             queued = self._queued.get(key)
