@@ -45,8 +45,8 @@ from perago.adapters.lakefs import LakeFSStore
 from perago.config import load
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.factory import branch_leases
+from perago.core.orchestrator import TaskSnapshot
 from perago.errors import NotFoundError
-from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.testing import StaticLedger
 from perago.workspace import Diff

@@ -33,12 +33,12 @@ from conductor.client.http.rest import ApiException
 from pydantic import BaseModel
 
 from benchmarks.common import BenchmarkError, percentile
+from perago._api.task import WorkspaceSpec, task
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import register
 from perago.config import Settings, load
 from perago.errors import PeragoError
-from perago.task import WorkspaceSpec, task
 from perago.worker import Worker
 
 __all__ = ["measure"]

@@ -30,7 +30,7 @@ import structlog
 from benchmarks.common import tree_stats
 from perago.adapters.lakefs import LakeFSStore
 from perago.config import Settings, load
-from perago.orchestrator import TaskSnapshot
+from perago.core.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.testing import StaticLedger
 from perago.workspace import ContentCache, Manifest, compute_diff, materialize

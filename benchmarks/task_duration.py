@@ -34,11 +34,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from benchmarks.common import BenchmarkError, Trash, TreeSpec, write_tree
+from perago._api.task import WorkspaceSpec, task
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import register
 from perago.config import load
-from perago.task import WorkspaceSpec, task
 from perago.worker import Worker
 
 __all__ = ["measure"]

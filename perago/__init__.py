@@ -3,7 +3,7 @@
 Task authors need only what is exported here; everything else is the runtime's business.
 """
 
-from perago.context import (
+from perago._api.context import (
     AttemptInfo,
     cancelled,
     info,
@@ -11,6 +11,16 @@ from perago.context import (
     wait_cancelled,
     wait_cancelled_async,
 )
+from perago._api.inputs import Inputs, ResolvedInput
+from perago._api.task import (
+    CODE_ERRORS,
+    RemoteWorkspace,
+    TaskDefinition,
+    TaskOptions,
+    WorkspaceSpec,
+    task,
+)
+from perago.core import VERSION
 from perago.errors import (
     AttemptFenceError,
     ConfigError,
@@ -27,17 +37,9 @@ from perago.errors import (
     WorkerShutdown,
     WorkspaceError,
 )
-from perago.inputs import Inputs, ResolvedInput
-from perago.task import (
-    CODE_ERRORS,
-    RemoteWorkspace,
-    TaskDefinition,
-    TaskOptions,
-    WorkspaceSpec,
-    task,
-)
 
-__version__ = "0.1.0"
+__version__ = VERSION
+del VERSION
 
 __all__ = [
     # errors

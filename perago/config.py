@@ -28,8 +28,8 @@ from pydantic import (
     field_validator,
 )
 
+from perago.core.policy import AccessPolicy, patterns
 from perago.errors import ConfigError
-from perago.policy import AccessPolicy, patterns
 
 __all__ = ["Settings", "load"]
 
@@ -343,7 +343,7 @@ class Settings(BaseModel):
         return value
 
     def access_policy(self) -> AccessPolicy:
-        """The allowed targets and sources and the protected branches (perago.policy)."""
+        """The allowed targets and sources and the protected branches (perago.core.policy)."""
         return AccessPolicy(
             patterns(self.allowed_targets),
             patterns(self.allowed_sources),

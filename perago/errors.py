@@ -120,7 +120,12 @@ class GuardrailError(PeragoError):
 
 class PolicyError(GuardrailError):
     """The worker may not read from or publish to what the workflow named
-    (``PERAGO_ALLOWED_SOURCES``, ``PERAGO_ALLOWED_TARGETS``, ``PERAGO_PROTECTED_BRANCHES``)."""
+    (``PERAGO_ALLOWED_SOURCES``, ``PERAGO_ALLOWED_TARGETS``, ``PERAGO_PROTECTED_BRANCHES``).
+    ``refused`` says which: ``"source"``, ``"target"`` or ``"protected"`` (the metric's label)."""
+
+    def __init__(self, message: str, *, refused: str) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class TaskError(PeragoError):

@@ -29,7 +29,11 @@ from typing import IO, Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from perago.context import AttemptInfo, attempt_context
+from perago._api.context import AttemptInfo, attempt_context
+from perago._api.inputs import Inputs, ResolvedInput
+from perago._api.task import RemoteWorkspace, TaskDefinition
+from perago.core.orchestrator import IN_PROGRESS, Outcome, TaskSnapshot
+from perago.core.store import Commit, DownloadJob, ObjectInfo, UploadJob, download_one
 from perago.errors import (
     ConflictError,
     NotFoundError,
@@ -37,10 +41,6 @@ from perago.errors import (
     StoreError,
     TaskDefinitionError,
 )
-from perago.inputs import Inputs, ResolvedInput
-from perago.orchestrator import IN_PROGRESS, Outcome, TaskSnapshot
-from perago.store import Commit, DownloadJob, ObjectInfo, UploadJob, download_one
-from perago.task import RemoteWorkspace, TaskDefinition
 
 __all__ = [
     "Gate",
@@ -64,7 +64,7 @@ class _Repo:
 
 
 class MemoryStore:
-    """A :class:`perago.store.VersionStore` in memory, thread-safe."""
+    """A :class:`perago.core.store.VersionStore` in memory, thread-safe."""
 
     def __init__(self) -> None:
         self._repos: dict[str, _Repo] = {}
@@ -435,7 +435,7 @@ class _Task:
 
 
 class StubOrchestrator:
-    """An in-memory :class:`perago.orchestrator.Orchestrator` with Conductor's semantics.
+    """An in-memory :class:`perago.core.orchestrator.Orchestrator` with Conductor's semantics.
 
     A polled task is IN_PROGRESS for the poller with its poll count raised; a report or an
     extension of a terminal task is ignored and answered as if it worked (as Conductor does);
@@ -872,7 +872,7 @@ class TaskEnvironment:
         inputs: Mapping[str, Path | str] | None = None,
     ) -> R:
         """``inputs`` maps each of the task's named inputs to a folder (or URI) of test data."""
-        from perago.task_io import check_param_keys
+        from perago._api.task_io import check_param_keys
         from perago.worker.runtime import check_result
 
         raw = params.model_dump() if isinstance(params, BaseModel) else params or {}

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from perago.task import TaskDefinition, TaskOptions, WorkspaceSpec
+from perago._api.task import TaskDefinition, TaskOptions, WorkspaceSpec
 
 __all__ = [
     "BEGIN",

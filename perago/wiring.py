@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from perago.config import Settings
 
 if TYPE_CHECKING:
+    from perago._api.task import TaskDefinition
     from perago.adapters.conductor import ConductorClient
     from perago.adapters.lakefs import LakeFSStore
     from perago.coord.branch_leases import BranchLeases
-    from perago.spark import SparkSessions
-    from perago.task import TaskDefinition
     from perago.worker import Worker
+    from perago.worker.spark import SparkSessions
 
 __all__ = ["Services", "conductor_client", "lakefs_store", "services", "spark_sessions", "worker"]
 
@@ -71,7 +71,7 @@ def spark_sessions(
     """The worker's Spark sessions if any task wants Spark (S3A set up for in-place ones)."""
     if not any(t.wants_spark for t in tasks):
         return None
-    from perago.spark import SparkSessions
+    from perago.worker.spark import SparkSessions
 
     return SparkSessions(settings, s3a=any(t.workspace.in_place for t in tasks))
 

@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.table import Table
 
 from perago import config
+from perago._api.inputs import ResolvedInput
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.conductor.registry import discover, load_workflows, register
-from perago.inputs import ResolvedInput
 from perago.workspace import upload_all
 from perago_dev.stack import up
 
@@ -86,7 +86,16 @@ def main() -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log_file:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "perago", "worker", MODULE, "perago.wap", "--concurrency", "2"],
+            [
+                sys.executable,
+                "-m",
+                "perago",
+                "worker",
+                MODULE,
+                "perago.wap",
+                "--concurrency",
+                "2",
+            ],
             cwd=ROOT,
             env={**env, "PERAGO_SPARK_MASTER": env.get("PERAGO_SPARK_MASTER", "local[2]")},
             stdout=log_file,

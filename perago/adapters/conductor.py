@@ -1,6 +1,6 @@
 """The only module that talks to Conductor, or knows a word of its JSON.
 
-:class:`ConductorClient` implements :class:`perago.orchestrator.Orchestrator`. It uses
+:class:`ConductorClient` implements :class:`perago.core.orchestrator.Orchestrator`. It uses
 conductor-python's HTTP client (connection handling, auth) but exchanges plain JSON, so the
 rest of Perago never sees the SDK's generated models; task definitions, task and workflow
 states and workflow task types are spelled here too. Errors become
@@ -27,13 +27,13 @@ from conductor.client.http.api_client import ApiClient
 from conductor.client.http.rest import ApiException, AuthorizationException
 from pydantic import SecretStr
 
-from perago import metrics
+from perago._api.task import TaskDefinition
+from perago._api.task_io import input_schema, output_schema
 from perago.adapters.retry_policy import retrying
+from perago.core.orchestrator import Outcome, TaskSnapshot, WorkflowStep
+from perago.core.step_lineage import ParentStep
 from perago.errors import ConfigError, OrchestratorError
-from perago.lineage import ParentStep
-from perago.orchestrator import Outcome, TaskSnapshot, WorkflowStep
-from perago.task import TaskDefinition
-from perago.task_io import input_schema, output_schema
+from perago.telemetry import metrics
 
 __all__ = [
     "NON_WORKER_TYPES",
@@ -508,7 +508,7 @@ class ConductorClient:
         except json.JSONDecodeError:
             return text
 
-    # -- worker side (perago.orchestrator.Orchestrator) ------------------------------------
+    # -- worker side (perago.core.orchestrator.Orchestrator) ------------------------------------
 
     def poll(
         self,

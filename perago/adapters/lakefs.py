@@ -27,8 +27,8 @@ from pydantic import SecretStr
 from perago.adapters.curl import CurlPool
 from perago.adapters.objects import ObjectBytes, error_for, unsigned
 from perago.adapters.retry_policy import retrying
+from perago.core.store import Commit, DownloadJob, ObjectInfo, UploadJob
 from perago.errors import ConfigError, NotFoundError, StoreError
-from perago.store import Commit, DownloadJob, ObjectInfo, UploadJob
 
 __all__ = ["LakeFSConnection", "LakeFSStore"]
 
@@ -91,7 +91,7 @@ class LakeFSConnection(Protocol):
 
 
 class LakeFSStore:
-    """A :class:`perago.store.VersionStore` backed by a lakeFS server."""
+    """A :class:`perago.core.store.VersionStore` backed by a lakeFS server."""
 
     def __init__(self, settings: LakeFSConnection) -> None:
         settings.require_lakefs_credentials()

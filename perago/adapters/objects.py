@@ -27,9 +27,11 @@ from urllib.parse import quote, urlsplit
 import structlog
 import urllib3
 
-from perago import lakefs_names as names
 from perago.adapters.curl import CurlPool, Transfer
 from perago.adapters.retry_policy import retrying
+from perago.core import lakefs_names as names
+from perago.core.parallel import run_parallel
+from perago.core.store import DownloadJob, FileSink, ObjectInfo, Sink, UploadJob
 from perago.errors import (
     ConflictError,
     HeadMovedError,
@@ -37,8 +39,6 @@ from perago.errors import (
     StoreError,
     WorkspaceError,
 )
-from perago.parallel import run_parallel
-from perago.store import DownloadJob, FileSink, ObjectInfo, Sink, UploadJob
 
 __all__ = ["ObjectBytes", "error_for", "unsigned"]
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from perago._api.task import TaskDefinition
 from perago.adapters.conductor import (
     ConductorClient,
     worker_tasks,
@@ -18,7 +19,6 @@ from perago.adapters.conductor import (
 )
 from perago.conductor.workflow_check import fork_retry_warnings, workflow_problems
 from perago.errors import RegistrationError, TaskDefinitionError
-from perago.task import TaskDefinition
 
 __all__ = ["discover", "load_workflows", "register"]
 

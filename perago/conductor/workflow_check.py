@@ -15,11 +15,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from perago._api.prefix_templates import render_prefix, template_fields
+from perago._api.task import TaskDefinition
+from perago._api.task_io import InputSourceOverride, unknown_param_keys
+from perago.core.orchestrator import WorkflowStep
 from perago.errors import GuardrailError
-from perago.orchestrator import WorkflowStep
-from perago.prefix_templates import render_prefix, template_fields
-from perago.task import TaskDefinition
-from perago.task_io import InputSourceOverride, unknown_param_keys
 
 __all__ = ["fork_retry_warnings", "workflow_problems"]
 

@@ -15,7 +15,7 @@ from perago.errors import ConfigError
 
 if TYPE_CHECKING:
     from perago.coord.branch_leases import BranchLeases
-    from perago.store import VersionStore
+    from perago.core.store import VersionStore
 
 __all__ = ["KINDS", "OPTIONS", "branch_leases", "build_store", "check_options"]
 

@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 
-from perago import lakefs_names as names
 from perago.coord.errors import CoordStoreError, PredicateFailedError
 from perago.coord.generations import GenerationLogStore, ObjectEntry
 from perago.coord.store import Versioned
+from perago.core import lakefs_names as names
+from perago.core.store import VersionStore
 from perago.errors import ConflictError, NotFoundError, StoreError
-from perago.store import VersionStore
 
 __all__ = ["DEFAULT_BRANCH", "DEFAULT_ROOT", "LakeFSObjectsStore"]
 

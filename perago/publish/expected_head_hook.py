@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import io
 
-from perago import lakefs_names as names
+from perago.core import lakefs_names as names
+from perago.core.store import VersionStore
 from perago.errors import NotFoundError
-from perago.store import VersionStore
 
 __all__ = ["HOOK_PATH", "HOOK_YAML", "install"]
 

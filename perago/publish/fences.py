@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+from perago.core.orchestrator import IN_PROGRESS, AttemptLedger
+from perago.core.store import Commit
 from perago.errors import AttemptFenceError, PublishFenceError
-from perago.orchestrator import IN_PROGRESS, AttemptLedger
 from perago.publish.identity import AttemptIdentity
 from perago.publish.scope import overlaps
-from perago.store import Commit
 
 __all__ = [
     "AttemptLedger",

@@ -13,8 +13,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from perago.core.store import Commit, VersionStore
 from perago.errors import StoreError
-from perago.store import Commit, VersionStore
 
 __all__ = ["CAPACITY", "FirstParents"]
 

@@ -35,10 +35,10 @@ from typing import TypeVar
 import structlog
 
 from perago.coord.branch_leases import BranchLeases, HeldLease
+from perago.core.store import Commit
 from perago.errors import LeaseBusyError
 from perago.publish.identity import AttemptIdentity
 from perago.publish.scope import overlaps
-from perago.store import Commit
 
 __all__ = ["MAX_MEMBERS", "MAX_SECONDS", "GroupMember", "LeaseGroups"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from perago.inputs import ResolvedInput
+from perago._api.inputs import ResolvedInput
+from perago.core.store import Commit, VersionStore
 from perago.publish.identity import AttemptIdentity
-from perago.store import Commit, VersionStore
 
 __all__ = ["PublicationRecord", "branch_publications"]
 

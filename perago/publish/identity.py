@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from perago import lakefs_names as names
-from perago.inputs import ResolvedInput
-from perago.store import Commit
+from perago._api.inputs import ResolvedInput
+from perago.core import lakefs_names as names
+from perago.core.store import Commit
 
 __all__ = [
     "AttemptIdentity",
@@ -71,7 +71,7 @@ class AttemptIdentity:
     scope: str | None = None
     #: A step inside a sub-workflow: ``<root workflow id>/<parent task ref>/.../<task ref>``,
     #: the same for every retried child, and the parent tasks' retry counts (outermost
-    #: first), which order attempts across children (``perago.lineage``).
+    #: first), which order attempts across children (``perago.core.step_lineage``).
     step_key: str | None = None
     lineage_retries: tuple[int, ...] = ()
 
@@ -153,7 +153,7 @@ class AttemptIdentity:
 
 
 def staging_branch_name(identity: AttemptIdentity) -> str:
-    """The attempt's staging branch (``perago.lakefs_names``)."""
+    """The attempt's staging branch (``perago.core.lakefs_names``)."""
     return names.staging_branch_name(identity.task_id, identity.poll_count, identity.cluster_id)
 
 

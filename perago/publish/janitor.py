@@ -23,15 +23,15 @@ from datetime import timedelta
 
 import structlog
 
-from perago import metrics
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.lease import LeaseRecord
+from perago.core.lakefs_names import wap_prefix
+from perago.core.orchestrator import AttemptLedger, TaskSnapshot, WorkflowLedger
+from perago.core.store import VersionStore
 from perago.errors import ConfigError
-from perago.lakefs_names import wap_prefix
-from perago.orchestrator import AttemptLedger, TaskSnapshot, WorkflowLedger
 from perago.publish.identity import staging_prefix
-from perago.store import VersionStore
+from perago.telemetry import metrics
 
 __all__ = ["JanitorReport", "parse_duration", "sweep", "sweep_leases", "takeover_watch"]
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from perago.core.store import VersionStore
 from perago.errors import GuardrailError, NotFoundError
 from perago.publish.identity import AttemptIdentity
-from perago.store import VersionStore
 
 __all__ = ["JOIN_HISTORY_LIMIT", "RETRY_HISTORY_LIMIT", "check_contains", "unpinned_input_ref"]
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import structlog
 
+from perago._api.inputs import ResolvedInput
+from perago.core.store import Commit, VersionStore
 from perago.errors import PublishFenceError
-from perago.inputs import ResolvedInput
 from perago.publish.identity import AttemptIdentity, WorkspaceTarget
-from perago.store import Commit, VersionStore
 
 __all__ = ["check_reads"]
 

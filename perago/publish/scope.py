@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from perago import lakefs_names as names
+from perago.core import lakefs_names as names
 
 __all__ = [
     "SCOPE_MARKER_ROOT",

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import structlog
 
-from perago import metrics, steps, tracing
 from perago.coord.branch_leases import BranchLease, BranchLeases
+from perago.core.lakefs_names import replaced_tag, scoped_branch_name
+from perago.core.store import Commit, VersionStore
 from perago.errors import (
     ConflictError,
     CoordStoreError,
@@ -27,7 +28,6 @@ from perago.errors import (
     StoreError,
     WorkspaceError,
 )
-from perago.lakefs_names import replaced_tag, scoped_branch_name
 from perago.publish.fences import (
     AttemptLedger,
     HeadDecision,
@@ -45,8 +45,8 @@ from perago.publish.identity import (
 )
 from perago.publish.reads import check_reads
 from perago.publish.scope import scope_markers
-from perago.steps import Boundary
-from perago.store import Commit, VersionStore
+from perago.telemetry import metrics, steps, tracing
+from perago.telemetry.steps import Boundary
 from perago.workspace import ContentCache, Diff, upload_all
 
 __all__ = ["Publication", "Publisher", "release_lease"]

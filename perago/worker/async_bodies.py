@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import structlog
 
-from perago import metrics
 from perago.errors import Interrupt, WorkerShutdown
+from perago.telemetry import metrics
 
 __all__ = ["AsyncBodies", "AsyncBody", "Running", "drive"]
 

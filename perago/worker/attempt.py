@@ -16,16 +16,16 @@ from typing import Any
 import structlog
 from pydantic import BaseModel
 
-from perago import tracing
-from perago.context import AttemptControl, AttemptInfo
-from perago.orchestrator import TaskSnapshot
+from perago._api.context import AttemptControl, AttemptInfo
+from perago._api.task import TaskDefinition
+from perago.core.orchestrator import TaskSnapshot
 from perago.publish.identity import AttemptIdentity, WorkspaceTarget
-from perago.steps import Phase
-from perago.task import TaskDefinition
+from perago.telemetry import tracing
+from perago.telemetry.steps import Phase
 
 __all__ = ["PHASE_SPANS", "RunningAttempt"]
 
-#: The span each phase opens in the attempt's trace (perago.tracing); the publisher's step
+#: The span each phase opens in the attempt's trace (perago.telemetry.tracing); the publisher's step
 #: boundaries split "stage" further into "fences" and "merge".
 PHASE_SPANS = {
     Phase.START: "guardrails",

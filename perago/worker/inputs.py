@@ -22,14 +22,14 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from perago import metrics
+from perago._api.inputs import Inputs, ResolvedInput, unknown_override
+from perago._api.task import TaskDefinition
+from perago._api.task_io import InputSourceOverride
+from perago.core.policy import AccessPolicy
+from perago.core.store import VersionStore
 from perago.errors import GuardrailError, NotFoundError, WorkspaceError
-from perago.inputs import Inputs, ResolvedInput, unknown_override
-from perago.policy import AccessPolicy
 from perago.publish.identity import WorkspaceTarget
-from perago.store import VersionStore
-from perago.task import TaskDefinition
-from perago.task_io import InputSourceOverride
+from perago.telemetry import metrics
 from perago.workspace import ContentCache, Manifest, compute_diff, materialize
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The worker: poll, run attempts concurrently, extend response timeouts, drain on SIGTERM.
 
 conductor-python's TaskHandler has no drain, no attempt fencing and forks per task type, so
-Perago runs its own small loop against the :class:`perago.orchestrator.Orchestrator`
+Perago runs its own small loop against the :class:`perago.core.orchestrator.Orchestrator`
 protocol (Conductor in production, ``perago.testing.StubOrchestrator`` in unit tests).
 """
 
@@ -19,18 +19,19 @@ from typing import Any
 
 import structlog
 
-from perago import failpoints, lineage_events, metrics, steps, tracing
+from perago._api.context import AttemptControl
+from perago._api.task import TaskDefinition
 from perago.config import Settings
-from perago.context import AttemptControl
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseExpiringError, LeaseLostError
+from perago.core.orchestrator import Orchestrator, Outcome, TaskSnapshot
+from perago.core.store import VersionStore
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
-from perago.failure_text import bounded_traceback, describe
-from perago.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.publish.transaction import release_lease
-from perago.steps import Boundary, Phase
-from perago.store import VersionStore
-from perago.task import TaskDefinition
+from perago.telemetry import metrics, steps, tracing
+from perago.telemetry.failure_text import bounded_traceback, describe
+from perago.telemetry.steps import Boundary, Phase
+from perago.worker import failpoints, lineage_events
 from perago.worker.async_bodies import AsyncBodies, Running
 from perago.worker.health import HealthServer
 from perago.worker.recovery import AttemptRecords, recover
@@ -220,7 +221,7 @@ class Worker:
             self._wap_sweep()
 
     def _wap_sweep(self) -> None:
-        from perago.orchestrator import WorkflowLedger
+        from perago.core.orchestrator import WorkflowLedger
         from perago.publish.janitor import sweep_wap
 
         if not isinstance(self._orchestrator, WorkflowLedger):

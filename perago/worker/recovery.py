@@ -29,9 +29,9 @@ from pathlib import Path
 
 import structlog
 
+from perago.core.orchestrator import IN_PROGRESS, Orchestrator, Outcome, TaskSnapshot
 from perago.errors import PeragoError
-from perago.orchestrator import IN_PROGRESS, Orchestrator, Outcome, TaskSnapshot
-from perago.processes import is_running, process_start
+from perago.workspace.processes import is_running, process_start
 
 __all__ = ["AttemptRecord", "AttemptRecords", "recover"]
 

@@ -17,11 +17,11 @@ from collections.abc import Callable
 import structlog
 from tenacity import RetryCallState, RetryError
 
-from perago import metrics
 from perago.adapters.retry_policy import guarded_report, report_resends
 from perago.coord.branch_leases import BranchLease
+from perago.core.orchestrator import TaskSnapshot
 from perago.errors import OrchestratorError
-from perago.orchestrator import TaskSnapshot
+from perago.telemetry import metrics
 
 __all__ = ["Landing", "TaskUpdates", "delivered_again", "landing", "under_lease"]
 

@@ -20,13 +20,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from perago import lakefs_names as names
+from perago._api.inputs import ResolvedInput
+from perago._api.task import TaskDefinition
+from perago.core import lakefs_names as names
+from perago.core.store import Commit, VersionStore
 from perago.errors import NotFoundError
-from perago.inputs import ResolvedInput
 from perago.publish.first_parents import FirstParents
 from perago.publish.identity import WorkspaceTarget
-from perago.store import Commit, VersionStore
-from perago.task import TaskDefinition
 
 __all__ = ["HISTORY_LIMIT", "Reuse", "find_reusable", "record"]
 

@@ -20,11 +20,18 @@ from typing import Any, TypeVar
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from perago import lineage_events, metrics, steps, tracing
+from perago._api.context import AttemptControl, attempt_context
+from perago._api.inputs import Inputs, ResolvedInput
+from perago._api.task import RemoteWorkspace, TaskDefinition, is_terminal
+from perago._api.task_io import MAX_PARAMS_BYTES, WorkspaceInput, check_param_keys
 from perago.adapters.retry_policy import body_retry_wait
 from perago.config import Settings
-from perago.context import AttemptControl, attempt_context
 from perago.coord.branch_leases import BranchLease, BranchLeases
+from perago.core.lakefs_names import METADATA_PREFIX, wap_branch_name, wap_kept_tag
+from perago.core.orchestrator import AttemptLedger, Outcome, Status, StepOutputs, TaskSnapshot
+from perago.core.parallel import run_parallel
+from perago.core.step_lineage import ParentSteps, step_lineage
+from perago.core.store import VersionStore
 from perago.errors import (
     AttemptFenceError,
     BodyTriesExhausted,
@@ -34,26 +41,20 @@ from perago.errors import (
     LeaseLostError,
     NotFoundError,
     PeragoError,
+    PolicyError,
     PublishFenceError,
     ResultValidationError,
     TaskError,
     WorkerShutdown,
 )
-from perago.failure_text import UserTraceback, describe, user_traceback
-from perago.inputs import Inputs, ResolvedInput
-from perago.lakefs_names import METADATA_PREFIX, wap_branch_name, wap_kept_tag
-from perago.lineage import ParentSteps, step_lineage
-from perago.orchestrator import AttemptLedger, Outcome, Status, StepOutputs, TaskSnapshot
-from perago.parallel import run_parallel
 from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
 from perago.publish.joins import check_contains, unpinned_input_ref
 from perago.publish.transaction import release_lease
-from perago.spark import spark_tag
-from perago.steps import Boundary, Phase
-from perago.store import VersionStore
-from perago.task import RemoteWorkspace, TaskDefinition, is_terminal
-from perago.task_io import MAX_PARAMS_BYTES, WorkspaceInput, check_param_keys
+from perago.telemetry import metrics, steps, tracing
+from perago.telemetry.failure_text import UserTraceback, describe, user_traceback
+from perago.telemetry.steps import Boundary, Phase
+from perago.worker import lineage_events
 from perago.worker.async_bodies import AsyncBody, drive
 from perago.worker.attempt import RunningAttempt
 from perago.worker.inputs import (
@@ -64,6 +65,7 @@ from perago.worker.inputs import (
     resolve_inputs,
 )
 from perago.worker.reuse import find_reusable, record
+from perago.worker.spark import spark_tag
 from perago.workspace import (
     AttemptDirectory,
     ContentCache,
@@ -277,11 +279,14 @@ class AttemptRunner:
                 )
                 me = attempt.identity
                 if not defn.workspace.read_only and isinstance(self._ledger, ParentSteps):
-                    # a step of a retried sub-workflow is the same logical step (perago.lineage)
+                    # a step of a retried sub-workflow is the same logical step
+                    # (perago.core.step_lineage)
                     key, retries = step_lineage(self._ledger, me.workflow_id, me.reference_name)
                     attempt.identity = replace(me, step_key=key, lineage_retries=retries)
             except GuardrailError as e:
                 log.warning("pre_guardrails_failed", reason=e.message)
+                if isinstance(e, PolicyError):  # every policy check is a pre-guardrail
+                    metrics.POLICY_REFUSALS.labels(e.refused).inc()
                 return _ended(attempt, Finished(outcome_of(e, where="pre-guardrail")))
             except PeragoError as e:
                 log.warning("pre_guardrails_unavailable", reason=e.message)
@@ -387,7 +392,7 @@ class AttemptRunner:
     def _check_policy(
         self, defn: TaskDefinition[Any, Any], ws: WorkspaceInput, params: Any
     ) -> None:
-        """The worker's access policy (perago.policy), before anything is read."""
+        """The worker's access policy (perago.core.policy), before anything is read."""
         from perago import wap
 
         spec, repo = defn.workspace, ws.repository

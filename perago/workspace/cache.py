@@ -56,8 +56,8 @@ from pathlib import Path
 
 import structlog
 
-from perago import metrics
-from perago.processes import is_running, process_start
+from perago.telemetry import metrics
+from perago.workspace.processes import is_running, process_start
 
 __all__ = ["ContentCache", "clone_file", "write_new"]
 

@@ -10,9 +10,9 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from perago.core.parallel import run_parallel
+from perago.core.store import ObjectInfo, VersionStore
 from perago.errors import UnsafePathError, WorkspaceError
-from perago.parallel import run_parallel
-from perago.store import ObjectInfo, VersionStore
 from perago.workspace.cache import ContentCache, clone_file
 from perago.workspace.manifest import Manifest, ManifestEntry, file_md5, filesystem_now
 

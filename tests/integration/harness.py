@@ -23,7 +23,7 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.coord.lakefs_objects import LakeFSObjectsStore
 from perago.coord.lease import LeaseManager
-from perago.store import Commit
+from perago.core.store import Commit
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = "tests.integration.taskmods.tasks"
@@ -63,8 +63,8 @@ def register_tasks(env: dict[str, str], module: str = TASKS) -> None:
     under ``env`` (its task names carry the test's suffix), its tasks registered in Conductor.
     `perago register` itself is tested as a command elsewhere (test_readme, test_cli_basics)."""
     from perago import config
+    from perago._api.task import TaskDefinition
     from perago.conductor.registry import register
-    from perago.task import TaskDefinition
 
     saved = dict(os.environ)
     os.environ.update(env)

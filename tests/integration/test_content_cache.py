@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO
 
 from perago.adapters.lakefs import LakeFSStore
-from perago.store import DownloadJob
+from perago.core.store import DownloadJob
 from perago.workspace import ContentCache, materialize, upload_all
 from tests.clock import tick_past
 

@@ -22,7 +22,7 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.coord.lakefs_objects import LakeFSObjectsStore
 from perago.coord.lease import LeaseManager
-from perago.failpoints import POINTS
+from perago.worker.failpoints import POINTS
 
 from .harness import (
     attempts,

@@ -20,8 +20,8 @@ import pytest
 from perago import config
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
-from perago.failpoints import POINTS
 from perago.publish.expected_head_hook import install
+from perago.worker.failpoints import POINTS
 from perago_dev.s3_stack import lakefs_beside
 
 from .harness import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from perago.adapters.lakefs import LakeFSStore
+from perago.core.orchestrator import TaskSnapshot
 from perago.errors import WorkspaceError
-from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.testing import StaticLedger
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from perago._api.inputs import ResolvedInput
 from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
-from perago.inputs import ResolvedInput
 
 from .harness import (
     attempts,

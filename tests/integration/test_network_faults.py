@@ -22,7 +22,7 @@ from perago.adapters.conductor import ConductorClient
 from perago.adapters.lakefs import LakeFSStore
 from perago.adapters.objects import ObjectGet
 from perago.config import load
-from perago.store import ObjectInfo
+from perago.core.store import ObjectInfo
 from perago.workspace import materialize
 
 from .harness import (

@@ -23,10 +23,10 @@ import pytest
 from perago.adapters.curl import CurlPool, Transfer
 from perago.adapters.lakefs import LakeFSStore
 from perago.config import Settings, load
+from perago.core.orchestrator import TaskSnapshot
+from perago.core.store import ObjectInfo
 from perago.errors import ConfigError, StoreError
-from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
-from perago.store import ObjectInfo
 from perago.testing import StaticLedger
 from perago.workspace import ContentCache, Diff, materialize
 from perago_dev.s3_stack import BUCKET, S3Stack, s3_stack
@@ -132,7 +132,7 @@ def test_bytes_go_straight_to_object_storage_both_ways(s3: S3Stack, tmp_path: Pa
 
 
 class _Job:
-    """A download job into a plain file (perago.store.DownloadJob)."""
+    """A download job into a plain file (perago.core.store.DownloadJob)."""
 
     def __init__(self, obj: ObjectInfo, dest: Path) -> None:
         self.obj, self.dest, self.ok = obj, dest, False

@@ -85,7 +85,7 @@ def test_the_orders_pipeline_in_place_on_the_cluster(
     import json
     import sys
 
-    from perago.inputs import ResolvedInput
+    from perago._api.inputs import ResolvedInput
     from perago.workspace import upload_all
     from workers.orders.data import generate_customers, generate_orders
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from perago.lakefs_names import wap_branch_name
+from perago.core.lakefs_names import wap_branch_name
 
 from .harness import (
     attempts,

@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 import perago
 from perago import TaskDefinitionError, WorkspaceSpec, task
-from perago.orchestrator import Outcome
+from perago.core.orchestrator import Outcome
 from perago.testing import MemoryStore, StubOrchestrator, run_task, running_worker
 
 

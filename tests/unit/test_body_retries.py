@@ -13,8 +13,9 @@ import pytest
 from pydantic import BaseModel
 
 import perago
-from perago import TaskDefinitionError, WorkspaceSpec, metrics, task
-from perago.orchestrator import Outcome
+from perago import TaskDefinitionError, WorkspaceSpec, task
+from perago.core.orchestrator import Outcome
+from perago.telemetry import metrics
 from perago.testing import MemoryStore, StubOrchestrator, running_worker
 
 

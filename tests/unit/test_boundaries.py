@@ -192,11 +192,56 @@ def test_import_perago_loads_only_the_task_api() -> None:
     ours = {m for m in loaded if m == "perago" or m.startswith("perago.")}
     assert ours == {
         "perago",
-        "perago.context",
+        "perago._api",
+        "perago._api.context",
+        "perago._api.inputs",
+        "perago._api.prefix_templates",
+        "perago._api.task",
+        "perago.core",
+        "perago.core.lakefs_names",
         "perago.errors",
-        "perago.inputs",
-        "perago.lakefs_names",
-        "perago.prefix_templates",
-        "perago.task",
     }
     assert not loaded & {"structlog", "prometheus_client", "boto3", "pyspark", "httpx"}
+
+
+#: The layers, lowest first: a module imports only from its own layer and those below (at
+#: load time, in a function, or for a type). docs/architecture.md draws the same picture.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"perago.errors"}),
+    frozenset({"perago.core"}),
+    frozenset({"perago.telemetry"}),
+    frozenset({"perago._api", "perago.wap"}),
+    frozenset({"perago.adapters", "perago.coord", "perago.workspace"}),
+    frozenset({"perago.config"}),
+    frozenset({"perago.publish", "perago.conductor"}),
+    frozenset({"perago.worker"}),
+    frozenset({"perago.wiring", "perago.testing"}),
+    frozenset({"perago", "perago.cli", "perago.__main__"}),
+)
+
+
+def _layer(module: str) -> int:
+    unit = ".".join(module.split(".")[:2])
+    for i, layer in enumerate(LAYERS):
+        if unit in layer:
+            return i
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS")
+
+
+def test_no_import_runs_back_up_a_layer() -> None:
+    upward = sorted(
+        f"{_module_name(path)} -> {target}"
+        for path, tree in _modules()
+        for target in _perago_imports(path, tree)
+        if _layer(target) > _layer(_module_name(path))
+    )
+    assert upward == []
+    assert _layer("perago.worker.runtime") > _layer("perago.publish.transaction")
+
+
+def test_the_top_of_the_package_is_small() -> None:
+    """The façade, the commands, settings, errors, wiring, the test kit and the built-in
+    write-audit-publish tasks (a module users name on the command line): the rest lives in
+    the layers' packages."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 10, top

@@ -304,7 +304,7 @@ def test_clone_file_copies_into_a_separate_inode(tmp_path: Path) -> None:
 def test_folders_of_processes_that_no_longer_run_are_removed_at_start(tmp_path: Path) -> None:
     """A folder is kept only while its own process runs: a pid alone is not enough, since a
     worker restarted in a container is PID 1 again and its volume keeps the old folder."""
-    from perago.processes import process_start
+    from perago.workspace.processes import process_start
 
     folder = tmp_path / "cache"
     other = subprocess.Popen(["sleep", "60"])

@@ -4,8 +4,9 @@ from datetime import timedelta
 
 import pytest
 
-from perago import config, failpoints
+from perago import config
 from perago.errors import ConfigError
+from perago.worker import failpoints
 
 
 def test_settings_come_from_the_injected_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:

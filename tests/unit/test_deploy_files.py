@@ -62,7 +62,7 @@ def test_image_runs_perago_worker_as_a_non_root_user() -> None:
 
 
 def test_the_operations_guide_lists_every_metric() -> None:
-    from perago import metrics
+    from perago.telemetry import metrics
 
     guide = (ROOT / "docs" / "operations.md").read_text()
     for export in metrics.__all__:

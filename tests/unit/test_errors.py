@@ -8,10 +8,11 @@ import pkgutil
 
 import pytest
 
-from perago import errors, failpoints
+from perago import errors
 from perago.coord import errors as coord_errors
 from perago.coord import put_and_verify
-from perago.orchestrator import Outcome
+from perago.core.orchestrator import Outcome
+from perago.worker import failpoints
 from perago.worker.runtime import SHUTDOWN, outcome_of
 
 
@@ -83,8 +84,8 @@ def test_lakefs_answers_are_typed_where_they_are_read() -> None:
     the expected-head hook's refusal (HTTP 412 carrying the hook's Lua error) once, as a
     HeadMovedError; any other 412 or 409 stays a plain ConflictError."""
     from perago.adapters.objects import error_for
+    from perago.core.lakefs_names import HEAD_MOVED
     from perago.errors import ConflictError, HeadMovedError
-    from perago.lakefs_names import HEAD_MOVED
     from perago.publish.expected_head_hook import HOOK_YAML
 
     assert HEAD_MOVED in HOOK_YAML  # the hook says what the adapter looks for

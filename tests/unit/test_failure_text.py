@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perago.failure_text import MAX_LINES, bounded_traceback, describe
+from perago.telemetry.failure_text import MAX_LINES, bounded_traceback, describe
 from perago.worker.runtime import outcome_of
 
 JAVA = (

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from perago._api.prefix_templates import render_prefix, template_fields
+from perago._api.task import WorkspaceSpec, task
 from perago.adapters.conductor import TaskSnapshot
+from perago.core.step_lineage import ParentStep, ParentSteps, step_lineage
+from perago.core.store import Commit
 from perago.errors import ConflictError, GuardrailError, PublishFenceError, TaskDefinitionError
-from perago.lineage import ParentStep, ParentSteps, step_lineage
-from perago.prefix_templates import render_prefix, template_fields
 from perago.publish import AttemptIdentity, HeadDecision, Publisher, WorkspaceTarget
 from perago.publish import decide_publication as decide
 from perago.publish.joins import check_contains, unpinned_input_ref
 from perago.publish.scope import overlaps, scope_markers
-from perago.store import Commit
-from perago.task import WorkspaceSpec, task
 from perago.testing import MemoryStore, StaticLedger
 from perago.workspace import Diff
 

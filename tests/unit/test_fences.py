@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from perago.core.orchestrator import TaskSnapshot
+from perago.core.store import Commit
 from perago.errors import AttemptFenceError, PublishFenceError
-from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, HeadDecision, check_attempt, decide_publication
 from perago.publish.first_parents import FirstParents
-from perago.store import Commit
 from perago.testing import MemoryStore
 
 ME = AttemptIdentity("wf-1", "clean", "task-2", retry_count=1, poll_count=1, task_type="t")

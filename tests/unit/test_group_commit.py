@@ -9,24 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from perago import steps
 from perago.adapters.conductor import TaskSnapshot
 from perago.adapters.objects import error_for
 from perago.coord import MemoryStore as CoordMemory
 from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.coord.lease import LeaseManager
+from perago.core.lakefs_names import HEAD_MOVED
+from perago.core.store import Commit
 from perago.errors import (
     AttemptFenceError,
     LeaseBusyError,
     PeragoError,
     PublishFenceError,
 )
-from perago.lakefs_names import HEAD_MOVED
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
 from perago.publish.expected_head_hook import install, installed
 from perago.publish.group_commit import GroupMember, LeaseGroups
-from perago.steps import Boundary
-from perago.store import Commit
+from perago.telemetry import steps
+from perago.telemetry.steps import Boundary
 from perago.testing import MemoryStore
 from perago.workspace import Diff
 from tests.unit.test_fanout import LEFT, RIGHT, WIDE, ident, snap

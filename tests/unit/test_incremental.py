@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from perago import Inputs, TaskDefinitionError, WorkspaceSpec, metrics, task
-from perago.orchestrator import Outcome
+from perago import Inputs, TaskDefinitionError, WorkspaceSpec, task
+from perago.core.orchestrator import Outcome
+from perago.telemetry import metrics
 from perago.testing import MemoryStore, StubOrchestrator, running_worker
 
 PARTS = ("a", "b")

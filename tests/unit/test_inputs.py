@@ -14,10 +14,10 @@ import pytest
 from pydantic import BaseModel
 
 from perago import Inputs, TaskDefinitionError, WorkspaceSpec, task
-from perago.inputs import ResolvedInput, template_overlap
-from perago.orchestrator import Outcome
+from perago._api.inputs import ResolvedInput, template_overlap
+from perago._api.task_io import input_schema, output_schema
+from perago.core.orchestrator import Outcome
 from perago.publish.identity import AttemptIdentity
-from perago.task_io import input_schema, output_schema
 from perago.testing import MemoryStore, StubOrchestrator, run_task, running_worker
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from perago import lakefs_names as names
+from perago.core import lakefs_names as names
 
 PACKAGE = Path(__file__).resolve().parents[2] / "perago"
 NAME_STARTS = ("perago-stg-", "perago-replaced-", "_perago/", "_perago_coord", "_lakefs_actions/")

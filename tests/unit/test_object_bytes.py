@@ -16,8 +16,8 @@ import pytest
 
 from perago.adapters.curl import CurlPool
 from perago.adapters.objects import SMALL_BODY, ObjectBytes
+from perago.core.store import ObjectInfo
 from perago.errors import NotFoundError
-from perago.store import ObjectInfo
 
 BODY = os.urandom(3 * SMALL_BODY + 12345)  # large: streamed on a thread
 

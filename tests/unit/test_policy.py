@@ -13,9 +13,10 @@ import pytest
 from pydantic import BaseModel
 
 from perago import Inputs, WorkspaceSpec, task, wap
+from perago.core.orchestrator import Outcome
+from perago.core.policy import AccessPolicy, patterns
 from perago.errors import PolicyError
-from perago.orchestrator import Outcome
-from perago.policy import AccessPolicy, patterns
+from perago.telemetry import metrics
 from perago.testing import MemoryStore, StubOrchestrator, running_worker
 
 
@@ -130,9 +131,12 @@ def test_patterns_and_the_policy_alone() -> None:
 def test_a_target_that_is_not_allowed_is_refused_before_anything_is_read(
     store: CountingStore, tmp_path: Path
 ) -> None:
+    refusals = metrics.POLICY_REFUSALS.labels("target")
+    before = refusals._value.get()
     with running(store, tmp_path, allowed_targets="repo/*") as stub:
         outcome = run(stub, "pol_write", {"workspace": ws("other"), "params": {}})
         ok = run(stub, "pol_write", {"workspace": ws("repo", "dev"), "params": {}})
+    assert refusals._value.get() == before + 1, "the refusal is counted, the publication not"
     assert outcome.status == "FAILED_WITH_TERMINAL_ERROR"
     assert "pol_write may not publish to other/main: PERAGO_ALLOWED_TARGETS" in outcome.reason
     assert ok.status == "COMPLETED", ok.reason

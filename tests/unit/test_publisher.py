@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from perago import failpoints
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseBusyError, LeaseLostError
 from perago.coord.lease import LeaseManager
 from perago.coord.memory import MemoryStore as CoordMemory
+from perago.core.orchestrator import TaskSnapshot
 from perago.errors import AttemptFenceError, PublishFenceError, StoreError
-from perago.orchestrator import TaskSnapshot
 from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.scope import SCOPE_MARKER_ROOT
 from perago.testing import MemoryStore, StaticLedger
+from perago.worker import failpoints
 from perago.workspace import Diff
 
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from perago.orchestrator import Outcome, TaskSnapshot
+from perago.core.orchestrator import Outcome, TaskSnapshot
 from perago.testing import StubOrchestrator
 from perago.worker.recovery import AttemptRecord, AttemptRecords, recover
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from perago import WorkspaceSpec, steps, task
-from perago.steps import Boundary
+from perago import WorkspaceSpec, task
+from perago.telemetry import steps
+from perago.telemetry.steps import Boundary
 from perago.testing import MemoryStore, StubOrchestrator, running_worker
 
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from perago.core.orchestrator import TaskSnapshot
 from perago.errors import LeaseLostError, OrchestratorError
-from perago.orchestrator import TaskSnapshot
 from perago.worker.report import Landing, TaskUpdates, landing, under_lease
 
 DELIVERY = TaskSnapshot(

@@ -1,4 +1,4 @@
-"""perago.parallel.run_parallel: every item once; a failure, or the drain's exception in the
+"""perago.core.parallel.run_parallel: every item once; a failure, or the drain's exception in the
 calling thread, starts nothing more.
 
 No timing: the items that are not meant to finish block on a gate that opens only once
@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from perago import parallel
+from perago.core import parallel
+from perago.core.parallel import run_parallel
 from perago.errors import WorkerShutdown
-from perago.parallel import run_parallel
 
 
 class _GatedPool(ThreadPoolExecutor):

@@ -9,7 +9,7 @@ import pytest
 
 from perago.config import load
 from perago.errors import ConfigError
-from perago.spark import SparkTarget, s3a_conf, spark_tag, spark_target
+from perago.worker.spark import SparkTarget, s3a_conf, spark_tag, spark_target
 
 
 def test_perago_s_setting_wins_then_the_user_s_spark_configuration_then_local(
@@ -92,7 +92,7 @@ class FakeSession:
 
 
 def test_interrupt_touches_only_the_named_attempts() -> None:
-    from perago.spark import SparkSessions
+    from perago.worker.spark import SparkSessions
 
     sessions = SparkSessions(load(env={}))
     fake: Any = FakeSession()
@@ -104,7 +104,7 @@ def test_interrupt_touches_only_the_named_attempts() -> None:
 def test_a_classic_session_is_never_asked_connect_only_questions() -> None:
     """Classic PySpark raises (not AttributeError) on Connect-only attributes like
     ``client``; liveness must tell the two apart by class (a bug CI caught)."""
-    from perago.spark import SparkSessions
+    from perago.worker.spark import SparkSessions
 
     class ClassicLike:
         @property

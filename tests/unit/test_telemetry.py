@@ -22,9 +22,11 @@ from prometheus_client.exposition import choose_encoder
 from pydantic import BaseModel
 
 import perago
-from perago import ConfigError, TaskError, WorkspaceSpec, lineage_events, task, tracing
-from perago.orchestrator import Outcome
+from perago import ConfigError, TaskError, WorkspaceSpec, task
+from perago.core.orchestrator import Outcome
+from perago.telemetry import tracing
 from perago.testing import MemoryStore, StubOrchestrator, running_worker
+from perago.worker import lineage_events
 
 EXPORTER = InMemorySpanExporter()
 
@@ -234,7 +236,7 @@ def test_a_lineage_client_that_fails_is_counted_and_fails_no_attempt(
         def emit(self, event: Any) -> None:
             raise ConnectionError("receiver down")
 
-    from perago import metrics
+    from perago.telemetry import metrics
 
     emitter = lineage_events._Emitter(Broken(), "ns")
     monkeypatch.setattr(lineage_events, "_emitter", emitter)

@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from perago import CODE_ERRORS, TaskDefinitionError, WorkspaceSpec, task
-from perago.task import is_terminal
+from perago._api.task import is_terminal
 from perago.testing import MemoryStore, StubOrchestrator, running_worker
 
 

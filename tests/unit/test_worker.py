@@ -23,17 +23,18 @@ import structlog
 from pydantic import BaseModel
 
 import perago
-from perago import TaskError, WorkspaceSpec, failpoints, steps, task
+from perago import TaskError, WorkspaceSpec, task
 from perago.config import Settings, load
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.lease import LeaseManager
 from perago.coord.memory import MemoryStore as CoordMemory
-from perago.orchestrator import Outcome
+from perago.core.orchestrator import Outcome
+from perago.core.store import Commit
 from perago.publish.janitor import sweep
-from perago.steps import Boundary
-from perago.store import Commit
+from perago.telemetry import steps
+from perago.telemetry.steps import Boundary
 from perago.testing import MemoryStore, StubOrchestrator, running_worker
-from perago.worker import Worker
+from perago.worker import Worker, failpoints
 from perago.worker.runtime import AttemptRunner
 
 # -- tasks ------------------------------------------------------------------------------------
@@ -902,7 +903,7 @@ def test_every_event_of_an_attempt_carries_its_context(
 def test_observers_see_every_step_boundary_of_a_publication_in_order(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
 ) -> None:
-    """Failpoints and metrics are observers of `perago.steps`; any other observer sees the
+    """Failpoints and metrics are observers of `perago.telemetry.steps`; any other observer sees the
     same boundaries, in the order of the protocol."""
     seen: list[Boundary] = []
     remove = steps.observe(seen.append)
@@ -964,7 +965,7 @@ class ClusterSpark:
     """A session provider whose master is a cluster (``target`` as SparkSessions has it)."""
 
     def __init__(self, url: str) -> None:
-        from perago.spark import SparkTarget
+        from perago.worker.spark import SparkTarget
 
         self.target = SparkTarget(url, "MASTER")
         self.tags: list[str] = []

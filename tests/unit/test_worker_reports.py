@@ -10,10 +10,11 @@ import pytest
 import structlog
 from pydantic import BaseModel
 
-from perago import WorkspaceSpec, config, metrics, task
+from perago import WorkspaceSpec, config, task
 from perago.coord.branch_leases import HeldLease
+from perago.core.orchestrator import Outcome
 from perago.errors import OrchestratorError, WorkerShutdown
-from perago.orchestrator import Outcome
+from perago.telemetry import metrics
 from perago.testing import MemoryStore, StubOrchestrator
 from perago.worker import Worker
 from perago.worker.runtime import Finished

@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from perago._api.task import WorkspaceSpec, task
 from perago.adapters.conductor import workflow_steps
 from perago.conductor.workflow_check import workflow_problems as _problems
-from perago.task import WorkspaceSpec, task
 
 
 def workflow_problems(wf: dict[str, Any], tasks: dict[str, Any]) -> list[str]:
@@ -130,8 +130,8 @@ def test_input_sources_are_checked_where_constant() -> None:
 def test_register_and_the_worker_refuse_the_same_misspelled_params_key(tmp_path: Path) -> None:
     """One rule both ways: a typo in constant params is a problem for `perago register`
     exactly when the worker would refuse it (PERAGO_PARAMS_EXTRA)."""
+    from perago._api.task_io import check_param_keys
     from perago.errors import GuardrailError
-    from perago.task_io import check_param_keys
 
     wf = {"name": "typo", "tasks": [use("a", {"day": "d1", "rwos": 3})]}
     (problem,) = workflow_problems(wf, TASKS)

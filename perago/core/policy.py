@@ -15,7 +15,7 @@ Unset means anything, as before. A task may narrow them further
 (``WorkspaceSpec(allowed_targets=..., allowed_sources=...)``). The isolated branch of a
 write-audit-publish workflow (``perago-wap-...``) counts as allowed wherever its repository
 has an allowed target. Refusals are terminal ``PolicyError`` s naming the setting and the
-value, and are counted (``perago_policy_refusals_total``).
+value, and are counted by the worker (``perago_policy_refusals_total``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from perago.core.lakefs_names import is_wap_branch
 from perago.errors import PolicyError
-from perago.lakefs_names import is_wap_branch
 
 __all__ = ["AccessPolicy", "patterns"]
 
@@ -33,12 +33,6 @@ __all__ = ["AccessPolicy", "patterns"]
 def patterns(text: str) -> tuple[str, ...]:
     """Comma-separated globs (a setting's value) as a tuple; blanks dropped."""
     return tuple(p.strip() for p in text.split(",") if p.strip())
-
-
-def _refused(kind: str) -> None:
-    from perago import metrics  # the worker's metrics; settings load without them
-
-    metrics.POLICY_REFUSALS.labels(kind).inc()
 
 
 def _matches(value: str, globs: Iterable[str]) -> bool:
@@ -85,23 +79,23 @@ class AccessPolicy:
                     globs is self.allowed_targets and self._wap_branch_allowed(repository, branch)
                 )
             ):
-                _refused("target")
                 raise PolicyError(
                     f"{task} may not publish to {where}: {setting} allows only "
                     f"{', '.join(globs)}; point the workflow at an allowed branch, or widen "
-                    "the setting. Nothing was read or published"
+                    "the setting. Nothing was read or published",
+                    refused="target",
                 )
         protected = any(
             _matches(branch, [g]) if "/" not in g else _matches(where, [g])
             for g in self.protected_branches
         )
         if protected and not audited:
-            _refused("protected")
             raise PolicyError(
                 f"{task} may not publish to {where}: the branch is protected "
                 f"(PERAGO_PROTECTED_BRANCHES={','.join(self.protected_branches)}); only a "
                 "write-audit-publish workflow's publish step may land there, after its audit "
-                "(docs/protocol.md, write-audit-publish). Nothing was read or published"
+                "(docs/protocol.md, write-audit-publish). Nothing was read or published",
+                refused="protected",
             )
 
     def check_source(
@@ -120,12 +114,12 @@ class AccessPolicy:
         if any_ref:
             repos = [g.partition("/")[0] for g in self.allowed_sources]
             if repos and not _matches(repository, repos):
-                _refused("source")
                 raise PolicyError(
                     f"{what} may not be read from repository {repository}: "
                     f"PERAGO_ALLOWED_SOURCES allows only {', '.join(self.allowed_sources)}; "
                     "point the workflow at an allowed source, or widen the setting. Nothing "
-                    "was read or published"
+                    "was read or published",
+                    refused="source",
                 )
             return
         for setting, globs in (
@@ -139,9 +133,9 @@ class AccessPolicy:
                     globs is self.allowed_sources and self._wap_branch_allowed(repository, ref)
                 )
             ):
-                _refused("source")
                 raise PolicyError(
                     f"{what} may not be read from {where}: {setting} allows only "
                     f"{', '.join(globs)}; point the workflow at an allowed source, or widen "
-                    "the setting. Nothing was read or published"
+                    "the setting. Nothing was read or published",
+                    refused="source",
                 )

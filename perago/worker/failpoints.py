@@ -20,11 +20,11 @@ from collections.abc import Mapping
 import structlog
 
 from perago.errors import ConfigError, FailpointError
-from perago.steps import Boundary, observe
+from perago.telemetry.steps import Boundary, observe
 
 __all__ = ["POINTS", "FailpointError", "configure", "hit"]
 
-#: The step boundaries (``perago.steps.Boundary``), in the order an attempt passes them.
+#: The step boundaries (``perago.telemetry.steps.Boundary``), in the order an attempt passes them.
 POINTS = tuple(b.value for b in Boundary)
 
 log = structlog.get_logger("perago.failpoints")

@@ -18,7 +18,7 @@ import structlog
 
 from perago.config import Settings
 from perago.errors import ConfigError
-from perago.failure_text import describe
+from perago.telemetry.failure_text import describe
 
 __all__ = ["SparkSessions", "SparkTarget", "s3a_conf", "s3a_jars", "spark_tag", "spark_target"]
 

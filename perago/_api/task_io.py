@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from perago._api.task import TaskDefinition
 from perago.errors import GuardrailError
-from perago.task import TaskDefinition
 
 __all__ = [
     "InputOutput",

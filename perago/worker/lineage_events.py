@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from perago import metrics
 from perago.errors import ConfigError
+from perago.telemetry import metrics
 
 if TYPE_CHECKING:
-    from perago.orchestrator import Outcome
+    from perago.core.orchestrator import Outcome
     from perago.worker.attempt import RunningAttempt
 
 __all__ = ["configure", "enabled", "finished", "shutdown", "started"]
@@ -169,7 +169,7 @@ def _event(attempt: RunningAttempt, state: str, outcome: Outcome | None) -> Any:
         tags_run,
     )
 
-    from perago import __version__
+    from perago.core import VERSION as __version__
 
     assert _emitter is not None
     namespace, me, snapshot = _emitter.namespace, attempt.identity, attempt.task

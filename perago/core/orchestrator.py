@@ -83,7 +83,7 @@ class Outcome:
     status: Status
     output: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
-    #: The task author's traceback of a failure (``perago.failure_text.user_traceback``):
+    #: The task author's traceback of a failure (``perago.telemetry.failure_text.user_traceback``):
     #: what the orchestrator keeps as the task's execution log ("": none).
     details: str = ""
 

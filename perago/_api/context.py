@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from perago.errors import NoAttemptError
 
 if TYPE_CHECKING:  # `import perago` loads the task API alone (tests/unit/test_boundaries.py)
-    from perago.steps import Phase
+    from perago.telemetry.steps import Phase
 
 __all__ = [
     "AttemptControl",

@@ -19,10 +19,10 @@ from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel
 
-from perago import lakefs_names as names
+from perago._api.inputs import ISOLATION_LEVELS, Isolation, check_input_name, template_overlap
+from perago._api.prefix_templates import render_prefix, template_fields
+from perago.core import lakefs_names as names
 from perago.errors import GuardrailError, TaskDefinitionError
-from perago.inputs import ISOLATION_LEVELS, Isolation, check_input_name, template_overlap
-from perago.prefix_templates import render_prefix, template_fields
 
 __all__ = ["RemoteWorkspace", "TaskDefinition", "TaskOptions", "WorkspaceSpec", "task"]
 
@@ -295,7 +295,7 @@ class TaskDefinition(Generic[P, R]):
     result_type: type[R]
     options: TaskOptions = field(default_factory=TaskOptions)
     wants_spark: bool = False
-    #: The body takes an ``inputs`` parameter (perago.inputs.Inputs).
+    #: The body takes an ``inputs`` parameter (perago._api.inputs.Inputs).
     wants_inputs: bool = False
     #: A task the worker runs itself (``perago.wap``), not a body: its name, else "".
     system: str = ""

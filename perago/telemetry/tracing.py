@@ -23,9 +23,9 @@ from typing import Any
 
 import structlog
 
-from perago import steps
 from perago.errors import ConfigError
-from perago.steps import Boundary
+from perago.telemetry import steps
+from perago.telemetry.steps import Boundary
 
 __all__ = [
     "AttemptTrace",
@@ -88,7 +88,7 @@ def configure(env: dict[str, str] | None = None) -> bool:
             provider = _make_provider(env)
             trace.set_tracer_provider(provider)
             _provider = provider
-        from perago import __version__
+        from perago.core import VERSION as __version__
 
         _tracer = provider.get_tracer("perago", __version__)
         steps.observe(_on_boundary)  # once: observe() ignores a second registration

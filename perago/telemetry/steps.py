@@ -2,7 +2,7 @@
 
 The runtime and the publisher announce each boundary they pass (:func:`reached`); whoever
 cares observes it (:func:`observe`), as dramatiq's middleware does: the failpoints of the
-crash tests (``perago.failpoints``) and the metrics (``perago.metrics``) register
+crash tests (``perago.worker.failpoints``) and the metrics (``perago.telemetry.metrics``) register
 themselves when imported. :class:`Phase` names where an attempt is, for failure messages
 and logs ("... failed during stage").
 """

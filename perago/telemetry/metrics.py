@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from perago.steps import Boundary, observe
+from perago.telemetry.steps import Boundary, observe
 
 __all__ = [
     "ATTEMPTS",
@@ -108,7 +108,7 @@ BODY_RETRIES = Counter(
 )
 STEP_BOUNDARIES = Counter(
     "perago_step_boundaries_total",
-    "Step boundaries attempts passed (perago.steps.Boundary): how far attempts get.",
+    "Step boundaries attempts passed (perago.telemetry.steps.Boundary): how far attempts get.",
     ["boundary"],
 )
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from perago import lakefs_names as names
+from perago._api.prefix_templates import template_fields
+from perago.core import lakefs_names as names
 from perago.errors import GuardrailError, TaskDefinitionError
-from perago.prefix_templates import template_fields
 
 __all__ = [
     "ISOLATION_LEVELS",
