@@ -29,8 +29,8 @@ from pydantic import SecretStr
 
 from perago._api.task import TaskDefinition
 from perago._api.task_io import input_schema, output_schema
-from perago.adapters.retry_policy import retrying
 from perago.core.orchestrator import Outcome, TaskSnapshot, WorkflowStep
+from perago.core.retry_policy import retrying
 from perago.core.step_lineage import ParentStep
 from perago.errors import ConfigError, OrchestratorError
 from perago.telemetry import metrics

@@ -12,7 +12,7 @@ The engine knows HTTP, not lakeFS: each :class:`Transfer` says what to send, whe
 answer goes, and what a finished response means, and may go on to another request (a
 fallback, or the next step of a pre-signed upload). A transfer that fails transiently (no
 answer, connection reset, HTTP 429/502/503/504) starts again after a wait set by the
-adapters' one retry policy (:mod:`perago.adapters.retry_policy`); one that may have landed
+adapters' one retry policy (:mod:`perago.core.retry_policy`); one that may have landed
 and must not land twice (``idempotent = False``) is never sent again and gets a fresh
 connection (libcurl resends a request whose reused connection died unanswered). The loop
 wakes every quarter second, so the drain's exception reaches it promptly; whatever ends the
@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import pycurl
 
-from perago.adapters.retry_policy import RETRY_FOR_S, Backoff
+from perago.core.retry_policy import RETRY_FOR_S, Backoff
 from perago.errors import StoreError, TransientStoreError
 
 __all__ = ["CurlPool", "Reply", "Transfer"]

@@ -26,7 +26,7 @@ from pydantic import SecretStr
 
 from perago.adapters.curl import CurlPool
 from perago.adapters.objects import ObjectBytes, error_for, unsigned
-from perago.adapters.retry_policy import retrying
+from perago.core.retry_policy import retrying
 from perago.core.store import Commit, DownloadJob, ObjectInfo, UploadJob
 from perago.errors import ConfigError, NotFoundError, StoreError
 

@@ -28,9 +28,9 @@ import structlog
 import urllib3
 
 from perago.adapters.curl import CurlPool, Transfer
-from perago.adapters.retry_policy import retrying
 from perago.core import lakefs_names as names
 from perago.core.parallel import run_parallel
+from perago.core.retry_policy import retrying
 from perago.core.store import DownloadJob, FileSink, ObjectInfo, Sink, UploadJob
 from perago.errors import (
     ConflictError,

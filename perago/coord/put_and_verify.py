@@ -29,6 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from perago.coord.generations import GenerationLogStore, ObjectEntry
 from perago.coord.s3 import retry_reads
 from perago.coord.store import Versioned
+from perago.core.retry_policy import contention_wait
 from perago.errors import CoordStoreError, PredicateFailedError, TargetExistsError
 
 __all__ = [
@@ -129,8 +130,7 @@ class PutAndVerify:
                 finally:
                     self.storage.delete(cx.intent)
             except _Busy:
-                delay = min(self._max_backoff, self._backoff * 2 ** min(attempt, 10))
-                self._sleep(random.uniform(0, delay))
+                self._sleep(contention_wait(attempt, first=self._backoff, cap=self._max_backoff))
         raise PredicateFailedError(
             f"{target} stayed busy with other writers for {self._attempts} attempts; try again"
         )

@@ -10,7 +10,6 @@ lifecycle rule expire objects under the prefix.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -20,6 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from perago.coord.errors import CoordStoreError, PredicateFailedError
 from perago.coord.store import Versioned, check_key, check_prefix
+from perago.core.retry_policy import coordination_reads
 
 __all__ = ["S3Store", "retry_reads", "s3_client"]
 
@@ -179,16 +179,17 @@ class S3Store:
         return sorted(keys)
 
 
-def retry_reads(read: Callable[[], T], *, attempts: int = 4) -> T:
-    """Repeat a read after a transient failure (reads are safe to repeat; writes are not)."""
-    for i in range(attempts):
-        try:
-            return read()
-        except CoordStoreError as e:
-            if i == attempts - 1 or (e.status is not None and e.status < 500 and e.status != 429):
-                raise
-            time.sleep(0.1 * 2**i)
-    raise AssertionError("unreachable")
+def retry_reads(read: Callable[[], T]) -> T:
+    """Repeat a read after a transient failure (reads are safe to repeat; writes are not),
+    on the coordination store's schedule (perago.core.retry_policy.coordination_reads)."""
+    return coordination_reads(_transient)(read)
+
+
+def _transient(e: BaseException) -> bool:
+    """No answer, a 5xx or a 429: worth another read. A 4xx will not change."""
+    return isinstance(e, CoordStoreError) and (
+        e.status is None or e.status >= 500 or e.status == 429
+    )
 
 
 def _quoted(etag: str) -> str:

@@ -108,7 +108,8 @@ class LeaseGroups:
         waits up to the leases' ``wait`` (LeaseBusyError after that).
 
         Of the process's waiters for one branch, one at a time reads the lease record (every
-        ``POLL_SECONDS``); the others wait for a group they can join to open.
+        ``POLL_SECONDS``; the lease manager tries once, and judges staleness on its own clock
+        across the tries); the others wait for a group they can join to open.
         """
         key = (repository, branch)
         deadline = self._clock() + self._leases.wait.total_seconds()
@@ -126,16 +127,13 @@ class LeaseGroups:
                     if not polling and left > 0:
                         self._changed.wait(min(1.0, left))  # until the poller or a group moves
                         continue
-                try:  # the lease manager's own short wait: its clock decides staleness
-                    lease = self._leases.acquire(
-                        repository,
-                        branch,
-                        owner,
-                        wait=timedelta(seconds=max(0, min(POLL_SECONDS, left))),
-                    )
+                try:  # one look at the record: this loop is the only one that waits
+                    lease = self._leases.acquire(repository, branch, owner, wait=timedelta(0))
                 except LeaseBusyError:
                     if self._clock() >= deadline:
                         raise
+                    with self._changed:  # the poll interval, or until this process's groups move
+                        self._changed.wait(max(0.0, min(POLL_SECONDS, deadline - self._clock())))
                     continue
                 with self._changed:
                     group = _Group(lease, self._clock())

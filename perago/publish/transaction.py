@@ -19,6 +19,7 @@ import structlog
 
 from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.core.lakefs_names import replaced_tag, scoped_branch_name
+from perago.core.retry_policy import MERGE_TRIES, merge_throttle_wait
 from perago.core.store import Commit, VersionStore
 from perago.errors import (
     ConflictError,
@@ -54,12 +55,6 @@ __all__ = ["Publication", "Publisher", "release_lease"]
 #: Events carry the attempt's context (workflow id, task id, refs) from structlog's
 #: contextvars, bound once by the runner (perago.worker.attempt.RunningAttempt.logging).
 log = structlog.get_logger("perago.publish")
-
-#: Merges tried when the expected-head hook refuses because fan-out siblings moved the head,
-#: or lakeFS answers 429 (its own branch-update retries ran out under contention).
-MERGE_TRIES = 4
-#: The first wait after a 429, doubled for each further one (0.25, 0.5, 1 s).
-THROTTLE_BACKOFF_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -461,7 +456,7 @@ class Publisher:
                 if e.status != 429 or attempt == MERGE_TRIES:
                     raise
                 log.warning("merge_throttled", attempt=attempt, error=e.message)
-                time.sleep(THROTTLE_BACKOFF_SECONDS * 2 ** (attempt - 1))
+                time.sleep(merge_throttle_wait(attempt))
                 head, history, decision = self._fence_again(me, target)
                 if decision is HeadDecision.LANDED:
                     return self._own_commit(head, history, me)

@@ -25,6 +25,7 @@ from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
 from perago.coord.errors import LeaseExpiringError, LeaseLostError
 from perago.core.orchestrator import Orchestrator, Outcome, TaskSnapshot
+from perago.core.retry_policy import poll_backoff
 from perago.core.store import VersionStore
 from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
 from perago.publish.transaction import release_lease
@@ -323,7 +324,7 @@ class Worker:
                 self._poll_failures = 0
             except PeragoError as e:
                 self._poll_failures += 1
-                backoff = min(30.0, 0.5 * 2**self._poll_failures)
+                backoff = poll_backoff(self._poll_failures)
                 log.warning("poll_failed", task_type=name, error=e.message, retry_in=backoff)
                 self._draining.wait(backoff)
                 break

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import structlog
 from tenacity import RetryCallState, RetryError
 
-from perago.adapters.retry_policy import guarded_report, report_resends
 from perago.coord.branch_leases import BranchLease
 from perago.core.orchestrator import TaskSnapshot
+from perago.core.retry_policy import guarded_report, report_resends
 from perago.errors import OrchestratorError
 from perago.telemetry import metrics
 

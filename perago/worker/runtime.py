@@ -24,12 +24,12 @@ from perago._api.context import AttemptControl, attempt_context
 from perago._api.inputs import Inputs, ResolvedInput
 from perago._api.task import RemoteWorkspace, TaskDefinition, is_terminal
 from perago._api.task_io import MAX_PARAMS_BYTES, WorkspaceInput, check_param_keys
-from perago.adapters.retry_policy import body_retry_wait
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLease, BranchLeases
 from perago.core.lakefs_names import METADATA_PREFIX, wap_branch_name, wap_kept_tag
 from perago.core.orchestrator import AttemptLedger, Outcome, Status, StepOutputs, TaskSnapshot
 from perago.core.parallel import run_parallel
+from perago.core.retry_policy import body_retry_wait
 from perago.core.step_lineage import ParentSteps, step_lineage
 from perago.core.store import VersionStore
 from perago.errors import (

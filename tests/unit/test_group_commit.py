@@ -40,6 +40,7 @@ class CountingLeases(BranchLeases):
         super().__init__(lambda _repository: manager, wait=timedelta(seconds=wait))
         self.grants = 0
         self.tries = 0
+        self.waits: list[timedelta | None] = []
         self._tried = threading.Condition()
 
     def acquire(
@@ -47,6 +48,7 @@ class CountingLeases(BranchLeases):
     ) -> HeldLease:
         with self._tried:
             self.tries += 1
+            self.waits.append(wait)
             self._tried.notify_all()
         lease = super().acquire(repository, branch, owner, wait=wait)
         self.grants += 1
@@ -58,6 +60,29 @@ class CountingLeases(BranchLeases):
         with self._tried:
             start = self.tries
             assert self._tried.wait_for(lambda: self.tries >= start + times, timeout=10)
+
+
+def test_a_waiter_behind_another_process_polls_in_one_loop() -> None:
+    """Issue 42: the group's waiter is the only loop that waits; each look at the lease
+    record is one try of the lease manager (no second poll nested inside), one per
+    POLL_SECONDS, and the holder's release is seen at the next look."""
+    from perago.publish.group_commit import POLL_SECONDS
+
+    leases = CountingLeases(wait=5)
+    other = leases.acquire("r", "main", "another process")
+    groups = LeaseGroups(leases)
+    leases.waits.clear()
+    thread, got = _acquire_later(groups, LEFT)
+    leases.tried_again(4)
+    started = leases.tries
+    threading.Event().wait(10 * POLL_SECONDS)
+    looks = leases.tries - started
+    assert 5 <= looks <= 12, f"{looks} looks in 10 poll intervals"
+    other.release()
+    thread.join(5)
+    assert got and not thread.is_alive()
+    assert set(leases.waits) == {timedelta(0)}, "the manager never waits on its own"
+    got[0].release()
 
 
 def _acquire_later(groups: LeaseGroups, me: AttemptIdentity) -> tuple[threading.Thread, list]:

@@ -199,9 +199,9 @@ def test_a_throttled_merge_is_retried_under_the_lease(
     """A 429 from lakeFS is not a task failure: the publisher waits, fences again against
     the head (a sibling may have landed) and merges again, while it holds the lease; only
     when every try is refused does the attempt fail (retryable)."""
-    from perago.publish import transaction
+    from perago.core import retry_policy
 
-    monkeypatch.setattr(transaction, "THROTTLE_BACKOFF_SECONDS", 0.001)
+    monkeypatch.setattr(retry_policy, "MERGE_THROTTLE_FIRST_S", 0.001)
     store = _Throttled(busy)
     store.create_repository("r")
     base = store.branch_head("r", "main")
