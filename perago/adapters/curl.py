@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import heapq
 import io
-import os
-import ssl
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -34,6 +32,7 @@ from urllib.parse import urlsplit
 
 import pycurl
 
+from perago.adapters.http import HttpConfig
 from perago.core.retry_policy import RETRY_FOR_S, Backoff
 from perago.errors import StoreError, TransientStoreError
 
@@ -165,29 +164,21 @@ def _discard(_: bytes) -> None:
     pass
 
 
-def _tls_options(handle: pycurl.Curl) -> None:
-    """Trust what Python's ``ssl`` trusts (``SSL_CERT_FILE``/``SSL_CERT_DIR`` included)."""
-    paths = ssl.get_default_verify_paths()
-    cafile = os.environ.get("SSL_CERT_FILE") or paths.cafile
-    capath = os.environ.get("SSL_CERT_DIR") or paths.capath
-    if cafile:
-        handle.setopt(pycurl.CAINFO, cafile)
-    if capath:
-        handle.setopt(pycurl.CAPATH, capath)
-
-
-def _new_handle(connect_timeout: float, read_timeout: float) -> pycurl.Curl:
+def _new_handle(http: HttpConfig) -> pycurl.Curl:
     h = pycurl.Curl()
     h.setopt(pycurl.NOSIGNAL, 1)
     h.setopt(pycurl.PROXY, "")  # as the rest of the client: no proxy from the environment
-    h.setopt(pycurl.CONNECTTIMEOUT_MS, int(connect_timeout * 1000))
+    h.setopt(pycurl.CONNECTTIMEOUT_MS, int(http.connect_timeout * 1000))
     # a read timeout: fail when under 1 byte/s for that long
     h.setopt(pycurl.LOW_SPEED_LIMIT, 1)
-    h.setopt(pycurl.LOW_SPEED_TIME, max(1, round(read_timeout)))
+    h.setopt(pycurl.LOW_SPEED_TIME, max(1, round(http.read_timeout)))
     h.setopt(pycurl.FOLLOWLOCATION, 0)
     h.setopt(pycurl.BUFFERSIZE, _BLOCK)
     h.setopt(pycurl.UPLOAD_BUFFERSIZE, _BLOCK)
-    _tls_options(h)
+    if http.ca_file:
+        h.setopt(pycurl.CAINFO, http.ca_file)
+    if http.ca_dir:
+        h.setopt(pycurl.CAPATH, http.ca_dir)
     return h
 
 
@@ -213,8 +204,8 @@ class CurlPool:
     """Curl handles kept between batches, so their connections stay alive: a task reading a
     few objects does not pay a connect per object. One batch at a time uses a set of them."""
 
-    def __init__(self, *, connect_timeout: float = 10.0, read_timeout: float = 60.0) -> None:
-        self._timeouts = (connect_timeout, read_timeout)
+    def __init__(self, http: HttpConfig | None = None) -> None:
+        self._http = http if http is not None else HttpConfig()
         self._idle: list[tuple[pycurl.CurlMulti, list[pycurl.Curl]]] = []
         self._idle_singles: list[tuple[pycurl.CurlMulti, list[pycurl.Curl]]] = []
         self._lock = threading.Lock()
@@ -232,7 +223,7 @@ class CurlPool:
         with self._lock:
             multi, handles = idle.pop() if idle else (pycurl.CurlMulti(), [])
         try:
-            _run(multi, handles, transfers, concurrency, lambda: _new_handle(*self._timeouts),
+            _run(multi, handles, transfers, concurrency, lambda: _new_handle(self._http),
                  retry_for)  # fmt: skip
         finally:
             with self._lock:

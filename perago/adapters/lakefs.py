@@ -8,7 +8,6 @@ translated into a :class:`perago.errors.StoreError` subclass.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -25,6 +24,7 @@ from lakefs_sdk.exceptions import ApiException
 from pydantic import SecretStr
 
 from perago.adapters.curl import CurlPool
+from perago.adapters.http import HttpConfig
 from perago.adapters.objects import ObjectBytes, error_for, unsigned
 from perago.core.retry_policy import retrying
 from perago.core.store import Commit, DownloadJob, ObjectInfo, UploadJob
@@ -96,25 +96,30 @@ class LakeFSStore:
     def __init__(self, settings: LakeFSConnection) -> None:
         settings.require_lakefs_credentials()
         secret = settings.lakefs_secret_access_key.get_secret_value()
+        http = HttpConfig.for_lakefs(
+            settings.lakefs_api_url,
+            settings.lakefs_access_key_id,
+            secret,
+            read_timeout=settings.http_timeout.total_seconds(),
+        )
         config = lakefs_sdk.Configuration(
-            host=settings.lakefs_api_url,
+            host=http.base,
             username=settings.lakefs_access_key_id,
             password=secret,
+            ssl_ca_cert=http.ca_file,  # the SDK would trust certifi's bundle alone
         )
         config.connection_pool_maxsize = max(16, settings.transfer_parallelism * 2)
         self._client = lakefs_sdk.ApiClient(config)
-        self._timeout = settings.http_timeout.total_seconds()
-        self._base = settings.lakefs_api_url
-        token = base64.b64encode(f"{settings.lakefs_access_key_id}:{secret}".encode()).decode()
-        self._auth = {"Authorization": f"Basic {token}"}
-        self._curl = CurlPool(connect_timeout=10, read_timeout=self._timeout)
+        self._http = http
+        self._timeout = (http.connect_timeout, http.read_timeout)
+        self._base = http.base
+        self._auth = dict(http.headers)
+        self._curl = CurlPool(http)
         self._objects = ObjectBytes(
             self._curl,
-            self._base,
-            self._auth,
+            http,
             presigned=self.presigned,
             uploads_in_flight=settings.upload_parallelism,
-            read_timeout=self._timeout,
         )
         self.repos = lakefs_sdk.RepositoriesApi(self._client)
         self.branches = lakefs_sdk.BranchesApi(self._client)

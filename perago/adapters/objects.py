@@ -1,7 +1,8 @@
 """The one way object bytes move between this machine and lakeFS or its object storage.
 
-Three paths, chosen per object, all on one libcurl engine (:mod:`perago.adapters.curl`)
-and its one retry policy:
+Three paths, chosen per object; the transfers run on libcurl's multi interface
+(:mod:`perago.adapters.curl`), large downloads stream on threads through urllib3, both with
+the adapters' one HTTP configuration (:mod:`perago.adapters.http`) and one retry policy:
 
 - **pre-signed**: when lakeFS's blockstore can sign URLs (``PERAGO_PRESIGN``), reads GET the
   URL the listing carries; writes ask lakeFS for an address, PUT the bytes there and link
@@ -28,6 +29,7 @@ import structlog
 import urllib3
 
 from perago.adapters.curl import CurlPool, Transfer
+from perago.adapters.http import HttpConfig
 from perago.core import lakefs_names as names
 from perago.core.parallel import run_parallel
 from perago.core.retry_policy import retrying
@@ -119,9 +121,10 @@ def copy_local(url: str, sink: Sink, size: int) -> bool:
 class _Paths:
     """lakeFS's object endpoints and credentials."""
 
-    def __init__(self, base: str, auth: Mapping[str, str]) -> None:
-        self.base = base
-        self.auth = tuple(f"{k}: {v}" for k, v in auth.items())
+    def __init__(self, http: HttpConfig) -> None:
+        self.base = http.base
+        self.auth = http.header_lines
+        self.headers = dict(http.headers)
 
     def url(self, repository: str, tail: str, path: str) -> str:
         return (
@@ -380,8 +383,7 @@ def _stream_into(
     sink: Sink,
 ) -> None:
     what = f"download {repository}@{ref}/{obj.path}"
-    auth = dict(line.split(": ", 1) for line in paths.auth)
-    sources = [(paths.object(repository, ref, obj.path), auth, "lakeFS")]
+    sources = [(paths.object(repository, ref, obj.path), paths.headers, "lakeFS")]
     if obj.download_url.startswith(("http://", "https://")):
         sources.insert(0, (obj.download_url, {}, "object storage"))
     for url, headers, server in sources:
@@ -424,20 +426,14 @@ class ObjectBytes:
     def __init__(
         self,
         pool: CurlPool,
-        base: str,
-        auth: Mapping[str, str],
+        http: HttpConfig,
         *,
         presigned: Callable[[], bool],
         uploads_in_flight: int,
-        read_timeout: float,
     ) -> None:
         self._pool = pool
-        self._streams = urllib3.PoolManager(
-            maxsize=64,
-            timeout=urllib3.Timeout(connect=10, read=read_timeout),
-            retries=False,  # the adapters' one policy retries (_stream_into)
-        )
-        self._paths = _Paths(base, auth)
+        self._streams = http.stream_pool(maxsize=64)  # the one policy retries (_stream_into)
+        self._paths = _Paths(http)
         self._presigned = presigned
         self._uploads_in_flight = uploads_in_flight
 

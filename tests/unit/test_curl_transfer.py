@@ -259,6 +259,54 @@ def test_https_is_verified_against_the_trusted_certificates(
         srv.shutdown()
 
 
+def test_every_lakefs_client_trusts_the_same_certificates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42 (one HTTP configuration): lakefs-sdk's pool, libcurl and the stream pool
+    all trust what SSL_CERT_FILE names, from one HttpConfig (the SDK alone trusted certifi's
+    bundle before). The server is a real HTTPS server on 127.0.0.1 (its answers are not
+    lakeFS's; only the TLS handshake is under test)."""
+    from perago.adapters.http import HttpConfig
+    from perago.adapters.lakefs import LakeFSStore
+    from perago.config import load
+    from perago.errors import StoreError
+
+    cert, key = self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    srv.socket = tls.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"https://127.0.0.1:{srv.server_address[1]}"
+    env = {
+        "LAKECTL_SERVER_ENDPOINT_URL": base,
+        "LAKECTL_CREDENTIALS_ACCESS_KEY_ID": "key",
+        "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY": "secret",
+        "PERAGO_HTTP_TIMEOUT": "5",
+    }
+    try:
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        untrusted = LakeFSStore(load(env=env))
+        with pytest.raises(StoreError, match="CERTIFICATE_VERIFY_FAILED"):
+            untrusted._call("get repository", untrusted.repos.get_repository, "r")
+        untrusted.close()
+
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        store = LakeFSStore(load(env=env))
+        with pytest.raises(Exception) as answered:  # the answer is not lakeFS's JSON
+            store._call("get repository", store.repos.get_repository, "r")
+        assert "CERTIFICATE" not in str(answered.value), "the SDK trusted the CA"
+        assert "/api/v1/repositories/r" in _Handler.hits
+        store.close()
+        streams = HttpConfig().stream_pool(maxsize=1)
+        assert streams.request("GET", f"{base}/streamed").status == 200
+        get = _Get(f"{base}/curl")
+        CurlPool(HttpConfig()).run([get], concurrency=1)
+        assert bytes(get.data) == b"bytes of /curl" * 50
+    finally:
+        srv.shutdown()
+
+
 class _Steps(_Get):
     """PUT a file, then POST what its ETag said, then GET: three requests, one transfer."""
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 import pytest
 
 from perago.adapters.curl import CurlPool
+from perago.adapters.http import HttpConfig
 from perago.adapters.objects import SMALL_BODY, ObjectBytes
 from perago.core.store import ObjectInfo
 from perago.errors import NotFoundError
@@ -80,14 +81,8 @@ class _Job:
 
 
 def _objects(server: str) -> ObjectBytes:
-    return ObjectBytes(
-        CurlPool(),
-        f"{server}/api/v1",
-        {"Authorization": "Basic key"},
-        presigned=lambda: True,
-        uploads_in_flight=4,
-        read_timeout=10,
-    )
+    http = HttpConfig(f"{server}/api/v1", {"Authorization": "Basic key"}, read_timeout=10)
+    return ObjectBytes(CurlPool(http), http, presigned=lambda: True, uploads_in_flight=4)
 
 
 def _large(server: str, presigned: bool) -> _Job:
