@@ -11,33 +11,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from perago.coord.lease import Grant, LeaseManager
 
-__all__ = ["BranchLease", "BranchLeases", "HeldLease", "lease_name"]
+__all__ = ["BranchLeases", "HeldLease", "lease_name"]
 
 T = TypeVar("T")
 
 
 def lease_name(repository: str, branch: str) -> str:
     return f"branches/{repository}/{branch}"
-
-
-class BranchLease(Protocol):
-    """What a publication needs of the lease that guards it: a grant of its own
-    (:class:`HeldLease`) or a share of one (``perago.publish.group_commit``)."""
-
-    @property
-    def token(self) -> int: ...
-
-    def refresh(self) -> None: ...
-
-    def guarded(self, write: Callable[[float], T]) -> T: ...
-
-    def release(self) -> None: ...
-
-    def release_soon(self, on_error: Callable[[Exception], None]) -> None: ...
 
 
 @dataclass

@@ -10,8 +10,9 @@ would grow with the square of its width.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
+
+from cachetools import LRUCache
 
 from perago.core.store import Commit, VersionStore
 from perago.errors import StoreError
@@ -30,9 +31,8 @@ class FirstParents:
     def __init__(self, store: VersionStore, *, page: int = 100, capacity: int = CAPACITY) -> None:
         self._store = store
         self._page = page
-        self._capacity = capacity
-        self._lock = threading.Lock()
-        self._commits: OrderedDict[tuple[str, str], Commit] = OrderedDict()
+        self._lock = threading.Lock()  # LRUCache is not thread-safe
+        self._commits: LRUCache[tuple[str, str], Commit] = LRUCache(maxsize=capacity)
 
     def chain(
         self, repository: str, head: Commit, *, stop_at: str, limit: int | None = None
@@ -99,14 +99,9 @@ class FirstParents:
 
     def _get(self, repository: str, commit_id: str) -> Commit | None:
         with self._lock:
-            commit = self._commits.get((repository, commit_id))
-            if commit is not None:
-                self._commits.move_to_end((repository, commit_id))
-            return commit
+            return self._commits.get((repository, commit_id))
 
     def _put(self, repository: str, commits: list[Commit]) -> None:
         with self._lock:
             for commit in commits:
                 self._commits[(repository, commit.id)] = commit
-            while len(self._commits) > self._capacity:
-                self._commits.popitem(last=False)

@@ -204,7 +204,8 @@ class LeaseGroups:
 
 
 class GroupMember:
-    """One publication's share of a branch lease grant (the ``BranchLease`` interface)."""
+    """One publication's share of a branch lease grant: every publication holds its lease
+    this way (a group of one, when no other publication of the process shares it)."""
 
     def __init__(
         self, groups: LeaseGroups, key: tuple[str, str], group: _Group, id: int, *, joined: bool

@@ -7,7 +7,10 @@ and task reference.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+
+from cachetools import LRUCache
 
 from perago._api.inputs import ResolvedInput
 from perago.core import lakefs_names as names
@@ -54,7 +57,8 @@ class WorkspaceTarget:
 #: fences' commit cache holds, ``perago.publish.first_parents.CAPACITY``), by commit id,
 #: with the commit object it was parsed from (a commit made up elsewhere is parsed anew).
 PARSED_CAPACITY = 20_000
-_PARSED: dict[str, tuple[Commit, AttemptIdentity | None]] = {}
+_PARSED: LRUCache[str, tuple[Commit, AttemptIdentity | None]] = LRUCache(PARSED_CAPACITY)
+_PARSED_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -96,13 +100,13 @@ class AttemptIdentity:
     def from_commit(cls, commit: Commit) -> AttemptIdentity | None:
         """The attempt that wrote ``commit`` (None: not Perago). Parsed once per commit
         object: every fence of a fan-out walks the same chain of siblings' publications."""
-        hit = _PARSED.get(commit.id)
+        with _PARSED_LOCK:
+            hit = _PARSED.get(commit.id)
         if hit is not None and hit[0] is commit:
             return hit[1]
         owner = cls._parse(commit)
-        if len(_PARSED) >= PARSED_CAPACITY:
-            _PARSED.clear()
-        _PARSED[commit.id] = (commit, owner)
+        with _PARSED_LOCK:
+            _PARSED[commit.id] = (commit, owner)
         return owner
 
     @classmethod

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from perago.coord.branch_leases import BranchLease, BranchLeases
+from perago.coord.branch_leases import BranchLeases
 from perago.core.lakefs_names import replaced_tag, scoped_branch_name
 from perago.core.retry_policy import MERGE_TRIES, merge_throttle_wait
 from perago.core.store import Commit, VersionStore
@@ -69,20 +69,20 @@ class Publication:
     """
 
     ref: str
-    lease: BranchLease | None = None
+    lease: GroupMember | None = None
 
     def release(self, *, wait: bool = False) -> None:
         if self.lease is not None:
             release_lease(self.lease, wait=wait)
 
 
-def _turn(lease: BranchLease | None) -> contextlib.AbstractContextManager[None]:
+def _turn(lease: GroupMember | None) -> contextlib.AbstractContextManager[None]:
     """A group member's turn from the publish fence to the merge or reset (see
     ``perago.publish.group_commit``); a lone grant needs none."""
-    return lease.turn() if isinstance(lease, GroupMember) else contextlib.nullcontext()
+    return lease.turn() if lease is not None else contextlib.nullcontext()
 
 
-def release_lease(lease: BranchLease, *, wait: bool = False) -> None:
+def release_lease(lease: GroupMember, *, wait: bool = False) -> None:
     """Release a branch lease; a failure is only logged (it expires by itself).
 
     By default in the background: the publication is decided already, and this process's
@@ -118,13 +118,13 @@ class _BackgroundAcquire:
     once granted) gives it a home, so a lease taken for nothing is never left held.
     """
 
-    def __init__(self, take: Callable[[], BranchLease]) -> None:
+    def __init__(self, take: Callable[[], GroupMember]) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="perago-lease-take")
         self._future = self._pool.submit(contextvars.copy_context().run, take)
         self._pool.shutdown(wait=False)
         self._taken = False
 
-    def take(self) -> BranchLease:
+    def take(self) -> GroupMember:
         self._taken = True
         return self._future.result()
 
@@ -134,7 +134,7 @@ class _BackgroundAcquire:
             self._future.add_done_callback(_release_if_granted)
 
 
-def _release_if_granted(future: Future[BranchLease]) -> None:
+def _release_if_granted(future: Future[GroupMember]) -> None:
     if not future.cancelled() and future.exception() is None:
         release_lease(future.result())
 
@@ -352,7 +352,7 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         branch: str,
-        lease: BranchLease | None,
+        lease: GroupMember | None,
         **counts: int,
     ) -> StagedReference:
         """Commit the staging branch: the commit that a replacement publication installs."""
@@ -398,13 +398,13 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         staged: StagedReference,
-        lease: BranchLease | None,
+        lease: GroupMember | None,
     ) -> str:
         """The publish fence and Confirm. A group member fences on the head the previous
         member's merge handed over, if there is one (the merge commit as lakeFS answered it,
         on the head that member's fence saw: as good as reading the head then)."""
         repo = target.repository
-        known = lease.take_head() if isinstance(lease, GroupMember) else None
+        known = lease.take_head() if lease is not None else None
         head, history = self._read_head(target, known)
         decision = decide_publication(head, target.input_ref, me, history)
         if decision is not HeadDecision.LANDED:  # landed: checked when it was published
@@ -481,7 +481,7 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         staged: StagedReference,
-        lease: BranchLease | None,
+        lease: GroupMember | None,
         head: Commit,
         **extra: str,
     ) -> str:
@@ -507,7 +507,7 @@ class Publisher:
                 metadata=metadata,
                 timeout=timeout,
             )
-            if isinstance(lease, GroupMember):
+            if lease is not None:
                 if lease.shared:
                     self._hand_on(repo, lease, merged, head.id)
                 lease.end_turn()  # the checks after the merge only read: siblings may go on
@@ -539,7 +539,7 @@ class Publisher:
         me: AttemptIdentity,
         target: WorkspaceTarget,
         staged: StagedReference | None,
-        lease: BranchLease | None,
+        lease: GroupMember | None,
         head: Commit,
         history: list[Commit],
     ) -> str:
@@ -684,7 +684,7 @@ class Publisher:
         self,
         me: AttemptIdentity,
         target: WorkspaceTarget,
-        lease: BranchLease | None,
+        lease: GroupMember | None,
     ) -> str:
         head, history = self._read_head(target)
         decision = decide_publication(head, target.input_ref, me, history)
@@ -709,7 +709,7 @@ class Publisher:
     @contextlib.contextmanager
     def _branch_lease(
         self, me: AttemptIdentity, target: WorkspaceTarget, early: _BackgroundAcquire | None = None
-    ) -> Iterator[BranchLease | None]:
+    ) -> Iterator[GroupMember | None]:
         """Hold the target branch's lease (if configured) from the staged commit to Confirm;
         released on failure, kept on success (the caller's :class:`Publication` holds it).
 
@@ -729,7 +729,7 @@ class Publisher:
             raise
         log.info("branch_lease_kept_for_report", fencing_token=lease.token)
 
-    def _take_lease(self, me: AttemptIdentity, target: WorkspaceTarget) -> BranchLease:
+    def _take_lease(self, me: AttemptIdentity, target: WorkspaceTarget) -> GroupMember:
         """The branch lease: a share of this process's grant if a group of disjoint
         publications holds it (group commit, ``perago.publish.group_commit``), else a grant."""
         assert self._groups is not None
@@ -746,7 +746,7 @@ class Publisher:
         target: WorkspaceTarget,
         seen_head: str,
         to: str,
-        lease: BranchLease | None,
+        lease: GroupMember | None,
     ) -> None:
         """Hard-reset the target (no CAS in lakeFS): under the branch lease when configured.
 

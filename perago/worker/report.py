@@ -17,10 +17,10 @@ from collections.abc import Callable
 import structlog
 from tenacity import RetryCallState, RetryError
 
-from perago.coord.branch_leases import BranchLease
 from perago.core.orchestrator import TaskSnapshot
 from perago.core.retry_policy import guarded_report, report_resends
 from perago.errors import OrchestratorError
+from perago.publish.group_commit import GroupMember
 from perago.telemetry import metrics
 
 __all__ = ["Landing", "TaskUpdates", "delivered_again", "landing", "under_lease"]
@@ -117,7 +117,7 @@ class TaskUpdates:
 
 
 def under_lease(
-    lease: BranchLease, send: Callable[[float], None], *, patience: float = 120.0
+    lease: GroupMember, send: Callable[[float], None], *, patience: float = 120.0
 ) -> Callable[[], None]:
     """``send(timeout)`` as a guarded write under the branch lease (renewed first when half
     its ttl is gone), retried on transient errors while the lease holds, for ``patience``

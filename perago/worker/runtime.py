@@ -25,7 +25,7 @@ from perago._api.inputs import Inputs, ResolvedInput
 from perago._api.task import RemoteWorkspace, TaskDefinition, is_terminal
 from perago._api.task_io import MAX_PARAMS_BYTES, WorkspaceInput, check_param_keys
 from perago.config import Settings
-from perago.coord.branch_leases import BranchLease, BranchLeases
+from perago.coord.branch_leases import BranchLeases
 from perago.core.lakefs_names import METADATA_PREFIX, wap_branch_name, wap_kept_tag
 from perago.core.orchestrator import AttemptLedger, Outcome, Status, StepOutputs, TaskSnapshot
 from perago.core.parallel import run_parallel
@@ -49,6 +49,7 @@ from perago.errors import (
 )
 from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
 from perago.publish.fences import check_attempt
+from perago.publish.group_commit import GroupMember
 from perago.publish.joins import check_contains, unpinned_input_ref
 from perago.publish.transaction import release_lease
 from perago.telemetry import metrics, steps, tracing
@@ -114,7 +115,7 @@ class Finished:
     (docs/model-check.md, re-delivery). The orchestrator only ever sees the outcome."""
 
     outcome: Outcome
-    lease: BranchLease | None = None
+    lease: GroupMember | None = None
 
     def release(self) -> None:
         """Give the lease back now (a caller that reports nothing)."""

@@ -156,3 +156,32 @@ def test_the_fence_reads_any_number_of_sibling_publications_down_to_the_input_re
     assert decide_publication(head, input_ref, other, chain) is HeadDecision.BESIDE
     me = AttemptIdentity("wf", "me", "t1", 1, 1, "tt", scope="parts/me/")
     assert decide_publication(head, input_ref, me, chain) is HeadDecision.SCOPED_REPLACE
+
+
+def test_the_commit_cache_keeps_the_recently_used_and_reads_the_rest_again() -> None:
+    """FirstParents' cache is a least-recently-used one of ``capacity`` commits: a chain
+    longer than it is still walked whole, re-reading from lakeFS only what was evicted."""
+
+    class CountingLog(MemoryStore):
+        pages = 0
+
+        def log(self, repository: str, ref: str, *, amount: int = 100) -> list[Commit]:
+            CountingLog.pages += 1
+            return super().log(repository, ref, amount=amount)
+
+    store = CountingLog()
+    store.create_repository("repo")
+    input_ref = store.branch_head("repo", "main")
+    for i in range(10):
+        store.upload_bytes("repo", "main", f"f{i}", b"x")
+        store.commit("repo", "main", message=f"c{i}", metadata={})
+    first_parents = FirstParents(store, page=2, capacity=4)
+    head = store.get_commit("repo", "main")
+    chain = first_parents.chain("repo", head, stop_at=input_ref)
+    assert [c.id for c in chain[:3]] == [c.id for c in store.log("repo", "main", amount=3)]
+    assert len(chain) == 11 and chain[-1].id == input_ref
+    walked = CountingLog.pages
+    assert first_parents.chain("repo", head, stop_at=input_ref) == chain
+    assert CountingLog.pages > walked, "evicted commits are read again"
+    assert first_parents._get("repo", chain[-1].id) == chain[-1], "the last used is kept"
+    assert first_parents._get("repo", chain[0].id) is None, "the least recently used went"
