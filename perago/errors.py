@@ -33,15 +33,16 @@ exception into an attempt's outcome.
     ├── CoordinationError           a lease or conditional write said no (nothing broke)
     │   ├── PredicateFailedError    a conditional write lost: the key changed (or never existed)
     │   │   └── TargetExistsError   put-and-verify: the target of an exclusive write exists
-    │   ├── LeaseBusyError          someone else holds the lease and it is not stale yet
-    │   └── LeaseExpiringError      too little lease time left to start a guarded write
+    │   └── LeaseBusyError          someone else holds the lease and it is not stale yet
     ├── FailpointError              a crash-test failpoint set to ``error`` fired
     ├── NoAttemptError              perago.info() outside an attempt (also a LookupError)
     └── WorkflowRunError            `perago run`: the workflow did not complete
 
     Interrupt (BaseException)       signals user code must not swallow
     ├── WorkerShutdown              the worker is draining and the grace ran out
-    └── LeaseLostError              the branch lease now belongs to someone else: stop writing
+    └── LeaseEndedError             the branch lease no longer covers a write: stop writing
+        ├── LeaseLostError          it belongs to someone else now
+        └── LeaseExpiringError      too little of it is left to start a guarded write
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ __all__ = [
     "GuardrailError",
     "Interrupt",
     "LeaseBusyError",
+    "LeaseEndedError",
     "LeaseExpiringError",
     "LeaseLostError",
     "NoAttemptError",
@@ -245,10 +247,6 @@ class LeaseBusyError(CoordinationError):
         self.token = token
 
 
-class LeaseExpiringError(CoordinationError):
-    """Too little of the lease is left to start a write safely; renew it first."""
-
-
 class FailpointError(PeragoError):
     """Raised by an ``error`` failpoint (PERAGO_FAILPOINTS), on purpose."""
 
@@ -273,5 +271,15 @@ class WorkerShutdown(Interrupt):
     """The worker is draining and the attempt outlived the grace."""
 
 
-class LeaseLostError(Interrupt):
+class LeaseEndedError(Interrupt):
+    """The branch lease no longer covers this holder's next write, so it stops writing: the
+    attempt fails ("lease lost") and its retry decides from the branch. An ``Interrupt``, so
+    no task body or cleanup swallows it."""
+
+
+class LeaseLostError(LeaseEndedError):
     """Another owner holds the branch lease now: the attempt must stop writing."""
+
+
+class LeaseExpiringError(LeaseEndedError):
+    """Too little of the lease is left to start a write safely (renew it first)."""

@@ -23,7 +23,7 @@ from perago._api.context import AttemptControl
 from perago._api.task import TaskDefinition
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
-from perago.coord.errors import LeaseExpiringError, LeaseLostError
+from perago.coord.errors import LeaseEndedError
 from perago.core.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.core.retry_policy import poll_backoff
 from perago.core.store import VersionStore
@@ -571,7 +571,7 @@ class Worker:
         try:
             try:
                 landed = updates.report(outcome.status, send)
-            except (LeaseLostError, LeaseExpiringError) as e:
+            except LeaseEndedError as e:
                 # Another delivery of this task id holds the branch now: whatever this one
                 # published, its COMPLETED might contradict the branch. FAILED, unless that
                 # delivery is live: then nothing (one rule, ``_delivered_again``).

@@ -38,7 +38,7 @@ from perago.errors import (
     CodeError,
     ConflictError,
     GuardrailError,
-    LeaseLostError,
+    LeaseEndedError,
     NotFoundError,
     PeragoError,
     PolicyError,
@@ -141,7 +141,7 @@ def outcome_of(
     if isinstance(e, WorkerShutdown):
         # a body that stopped on cancellation says why; the drain's interruption does not
         return Outcome("FAILED", reason=f"{where}: {e.message}") if e.message else SHUTDOWN
-    if isinstance(e, LeaseLostError):
+    if isinstance(e, LeaseEndedError):
         reason = f"{where}: lease lost: {e}; the attempt was cancelled"
         return Outcome("FAILED", reason=reason)
     status: Status = "FAILED"
@@ -425,7 +425,7 @@ class AttemptRunner:
             log.warning("attempt_interrupted", step=attempt.step)
             attempt.aborted = True
             return Finished(outcome_of(e, where=attempt.step))
-        except LeaseLostError as e:
+        except LeaseEndedError as e:
             log.warning("lease_lost", step=attempt.step, reason=str(e))
             return Finished(outcome_of(e, where=attempt.step))
         except TaskError as e:

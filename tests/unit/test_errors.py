@@ -54,8 +54,11 @@ def test_coordination_errors_have_their_own_lineage() -> None:
     assert issubclass(errors.OrchestratorError, errors.ServiceError)
     assert issubclass(errors.TargetExistsError, errors.PredicateFailedError)
     assert issubclass(errors.LeaseBusyError, errors.CoordinationError)
-    assert issubclass(errors.LeaseLostError, errors.Interrupt)
-    assert not issubclass(errors.LeaseLostError, Exception)  # bodies cannot swallow it
+    # one story for a lease that no longer covers a write: the holder stops writing
+    for ended in (errors.LeaseLostError, errors.LeaseExpiringError):
+        assert issubclass(ended, errors.LeaseEndedError)
+        assert issubclass(ended, errors.Interrupt)
+        assert not issubclass(ended, Exception)  # bodies and cleanups cannot swallow it
     assert errors.CoordStoreError("x", status=503).status == 503
 
 
@@ -66,6 +69,12 @@ def test_coordination_errors_have_their_own_lineage() -> None:
         (
             errors.LeaseLostError("taken over"),
             Outcome("FAILED", reason="publish: lease lost: taken over; the attempt was cancelled"),
+        ),
+        (
+            errors.LeaseExpiringError("too little left"),
+            Outcome(
+                "FAILED", reason="publish: lease lost: too little left; the attempt was cancelled"
+            ),
         ),
         (
             errors.GuardrailError("bad input"),
