@@ -80,6 +80,10 @@ class BranchLeases:
         """Whether someone holds the branch's lease right now (one read)."""
         return self.manager(repository).holder(lease_name(repository, branch)) is not None
 
+    def pause(self, repository: str, seconds: float) -> None:
+        """Wait on the clock of ``repository``'s leases between one-try acquires."""
+        self.manager(repository).pause(seconds)
+
     def acquire(
         self, repository: str, branch: str, owner: str, *, wait: timedelta | None = None
     ) -> HeldLease:

@@ -188,6 +188,11 @@ class LeaseManager:
         record = _parse(name, self._store.get(_key(name)))
         return record if record is not None and record.held else None
 
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` on this manager's clock, the one staleness is judged on (a
+        waiter polling with one-try acquires waits here between them)."""
+        self._sleep(seconds)
+
     def time_left(self, grant: Grant) -> float:
         """Seconds of ``grant`` left on this manager's clock (negative once over)."""
         return grant.expires_at - self._clock()

@@ -132,8 +132,10 @@ class LeaseGroups:
                 except LeaseBusyError:
                     if self._clock() >= deadline:
                         raise
-                    with self._changed:  # the poll interval, or until this process's groups move
-                        self._changed.wait(max(0.0, min(POLL_SECONDS, deadline - self._clock())))
+                    # on the lease's clock, which judges when a silent holder is stale
+                    self._leases.pause(
+                        repository, max(0.0, min(POLL_SECONDS, deadline - self._clock()))
+                    )
                     continue
                 with self._changed:
                     group = _Group(lease, self._clock())

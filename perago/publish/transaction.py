@@ -276,7 +276,7 @@ class Publisher:
     def _fence(self, me: AttemptIdentity, n: int) -> None:
         check_attempt(self._ledger, me, worker_id=self._worker_id)
         log.info("attempt_fence_passed", fence=n)
-        steps.reached(Boundary(f"after_fence{n}"))
+        steps.reached(Boundary(f"after_fence{n}"), me)
 
     def _commit_and_confirm(
         self,
@@ -291,7 +291,7 @@ class Publisher:
         self._upload_markers(me, target, branch)
         with self._branch_lease(me, target, early) as lease:
             staged = self._commit_staging(me, target, branch, lease, **(counts or {}))
-            steps.reached(Boundary.AFTER_STAGE)
+            steps.reached(Boundary.AFTER_STAGE, me)
             self._fence(me, 2)
             started = time.monotonic()
             with _turn(lease):
@@ -299,7 +299,7 @@ class Publisher:
             metrics.PUBLISH_SECONDS.labels("publish").observe(
                 time.monotonic() - started, exemplar=tracing.exemplar()
             )
-            steps.reached(Boundary.AFTER_PUBLISH)
+            steps.reached(Boundary.AFTER_PUBLISH, me)
             return Publication(published, lease)
 
     # -- Try ---------------------------------------------------------------------------------
@@ -415,7 +415,7 @@ class Publisher:
             head=head.id,
             **({"handed_over": True} if known is not None else {}),
         )
-        steps.reached(Boundary.AFTER_PUBLISH_FENCE)
+        steps.reached(Boundary.AFTER_PUBLISH_FENCE, me)
         if decision is HeadDecision.LANDED:
             return self._own_commit(head, history, me)
         if decision is HeadDecision.REPLACE:
@@ -722,7 +722,7 @@ class Publisher:
             return
         lease = early.take() if early is not None else self._take_lease(me, target)
         try:
-            steps.reached(Boundary.AFTER_LEASE)
+            steps.reached(Boundary.AFTER_LEASE, me)
             yield lease
         except BaseException:
             release_lease(lease)
@@ -770,7 +770,7 @@ class Publisher:
                 f"(saw {seen_head[:12]}): a writer outside Perago; nothing was reset"
             )
         lease.refresh()
-        steps.reached(Boundary.BEFORE_RESET)
+        steps.reached(Boundary.BEFORE_RESET, me)
         lease.guarded(
             lambda budget: self._store.hard_reset(repo, target.branch, to, timeout=budget)
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from perago.telemetry.steps import Boundary, observe
+from perago.telemetry.steps import Attempt, Boundary, observe
 
 __all__ = [
     "ATTEMPTS",
@@ -113,7 +113,7 @@ STEP_BOUNDARIES = Counter(
 )
 
 
-def _count(boundary: Boundary) -> None:
+def _count(boundary: Boundary, _attempt: Attempt) -> None:
     STEP_BOUNDARIES.labels(boundary=boundary.value).inc()
 
 

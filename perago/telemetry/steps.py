@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Protocol
 
-__all__ = ["Boundary", "Observer", "Phase", "observe", "reached"]
+__all__ = ["Attempt", "Boundary", "Observer", "Phase", "observe", "reached"]
 
 
 class Phase(StrEnum):
@@ -49,9 +50,27 @@ class Boundary(StrEnum):
     AFTER_COMPLETE = "after_complete"
 
 
-#: Called with each boundary an attempt reaches, on the attempt's thread; may raise or
-#: block (a failpoint does), which the attempt then sees as raised or blocked there.
-Observer = Callable[[Boundary], None]
+class Attempt(Protocol):
+    """Which attempt reached a boundary: the delivery of a task (two deliveries of one task
+    id differ in ``poll_count``). The publisher's ``AttemptIdentity`` and the orchestrator's
+    ``TaskSnapshot`` both are one."""
+
+    @property
+    def workflow_id(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def retry_count(self) -> int: ...
+    @property
+    def poll_count(self) -> int: ...
+    @property
+    def task_type(self) -> str: ...
+
+
+#: Called with each boundary an attempt reaches and that attempt (as dramatiq's middleware
+#: gets the message), on the thread doing the step; may raise or block (a failpoint does),
+#: which the attempt then sees as raised or blocked there.
+Observer = Callable[[Boundary, Attempt], None]
 
 _observers: list[Observer] = []
 _lock = threading.Lock()
@@ -71,7 +90,7 @@ def observe(observer: Observer) -> Callable[[], None]:
     return remove
 
 
-def reached(boundary: Boundary) -> None:
-    """Tell every observer, in registration order, that an attempt reached ``boundary``."""
+def reached(boundary: Boundary, attempt: Attempt) -> None:
+    """Tell every observer, in registration order, that ``attempt`` reached ``boundary``."""
     for observer in tuple(_observers):
-        observer(boundary)
+        observer(boundary, attempt)

@@ -242,7 +242,7 @@ def exemplar() -> dict[str, str] | None:
     return None if trace is None else {"trace_id": trace.trace_id}
 
 
-def _on_boundary(boundary: Boundary) -> None:
+def _on_boundary(boundary: Boundary, _attempt: steps.Attempt) -> None:
     trace = _current.get()
     if trace is not None and boundary in _AFTER:
         trace.phase(_AFTER[boundary])

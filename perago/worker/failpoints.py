@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import structlog
 
 from perago.errors import ConfigError, FailpointError
-from perago.telemetry.steps import Boundary, observe
+from perago.telemetry.steps import Attempt, Boundary, observe
 
 __all__ = ["POINTS", "FailpointError", "configure", "hit"]
 
@@ -93,7 +93,7 @@ def hit(name: str) -> None:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
-def _on_boundary(boundary: Boundary) -> None:
+def _on_boundary(boundary: Boundary, _attempt: Attempt) -> None:
     hit(boundary.value)  # looked up at call time: tests may stand in for ``hit``
 
 

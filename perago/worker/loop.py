@@ -508,7 +508,7 @@ class Worker:
         delivery.control.phase = Phase.AFTER_REPORT
         delivery.after_report.close()
         self._records.remove(delivery.record)
-        steps.reached(Boundary.AFTER_COMPLETE)
+        steps.reached(Boundary.AFTER_COMPLETE, delivery.snapshot)
 
     def _close(self, delivery: _Delivery) -> None:
         if delivery.trace is not None:  # ended in its report already, unless interrupted

@@ -675,7 +675,7 @@ class AttemptRunner:
             log.info("materialized", files=len(manifest.entries), bytes=manifest.total_bytes)
             metrics.FILES.labels("download").inc(len(manifest.entries))
             metrics.BYTES.labels("download").inc(manifest.total_bytes)
-            steps.reached(Boundary.AFTER_MATERIALIZE)
+            steps.reached(Boundary.AFTER_MATERIALIZE, attempt.identity)
             checked = yield from self._body_and_checks(
                 attempt, attempt_dir.workspace, inputs.view if inputs else None
             )
@@ -836,7 +836,7 @@ class AttemptRunner:
             raise
         _stop_if_cancelled(attempt)
         log.info("body_finished")
-        steps.reached(Boundary.AFTER_BODY)
+        steps.reached(Boundary.AFTER_BODY, attempt.identity)
         attempt.enter(Phase.POST_GUARDRAIL)
         return check_result(attempt.defn, result)
 

@@ -457,7 +457,7 @@ def _foreign_commit_at_turn(
     )
     fences, foreign = [0], []
 
-    def land_foreign(boundary: Boundary) -> None:
+    def land_foreign(boundary: Boundary, _attempt: steps.Attempt) -> None:
         if boundary is not Boundary.AFTER_PUBLISH_FENCE:
             return
         fences[0] += 1

@@ -52,7 +52,7 @@ def held_publications() -> Iterator[None]:
     """Every publication waits after its first attempt fence until the test releases it."""
     BODIES.__init__()  # type: ignore[misc]
 
-    def hold(boundary: Boundary) -> None:
+    def hold(boundary: Boundary, _attempt: steps.Attempt) -> None:
         if boundary is Boundary.AFTER_FENCE1:
             with BODIES.lock:
                 BODIES.publishing += 1

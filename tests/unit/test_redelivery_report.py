@@ -36,22 +36,23 @@ def writer(workspace: Path, params: P) -> R:
 
 
 class Deliveries:
-    """Holds each of the first two attempts at fence #1's boundary until it is released."""
+    """Holds each of the first two deliveries at fence #1's boundary until it is released
+    (told apart by the attempt the observer is given: one task id, two poll counts)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.threads: list[threading.Thread] = []
+        self.seen: list[tuple[str, int]] = []
         self.held = [threading.Event(), threading.Event()]
         self.release = [threading.Event(), threading.Event()]
 
-    def __call__(self, boundary: Boundary) -> None:
+    def __call__(self, boundary: Boundary, attempt: steps.Attempt) -> None:
         if boundary is not Boundary.AFTER_FENCE1:
             return
+        delivery = (attempt.task_id, attempt.poll_count)
         with self.lock:
-            me = threading.current_thread()
-            if me not in self.threads:
-                self.threads.append(me)
-            n = self.threads.index(me)
+            if delivery not in self.seen:
+                self.seen.append(delivery)
+            n = self.seen.index(delivery)
         if n < 2:
             self.held[n].set()
             self.release[n].wait(20)
@@ -87,8 +88,7 @@ def test_a_delivery_superseded_by_a_live_one_does_not_fail_the_task(
         assert deliveries.held[1].wait(20)  # both deliveries of the task id are running
         assert worker.in_flight() == 2  # two deliveries, two attempts in flight
         deliveries.release[0].set()  # the first fails fence #2: delivered again
-        deliveries.threads[0].join(20)
-        assert not deliveries.threads[0].is_alive()
+        stub.wait_for(lambda s: worker.in_flight() == 1)  # the first attempt ended
         assert stub.task(task_id).status == "IN_PROGRESS"  # not failed under the second
         # The second still runs: drain would wait for it, no third attempt takes its place.
         assert worker.in_flight() == 1

@@ -904,15 +904,25 @@ def test_observers_see_every_step_boundary_of_a_publication_in_order(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
 ) -> None:
     """Failpoints and metrics are observers of `perago.telemetry.steps`; any other observer sees the
-    same boundaries, in the order of the protocol."""
+    same boundaries, in the order of the protocol, each with the attempt that reached it."""
     seen: list[Boundary] = []
-    remove = steps.observe(seen.append)
+    attempts: set[tuple[str, str, int, int]] = set()
+
+    def observer(boundary: Boundary, attempt: steps.Attempt) -> None:
+        seen.append(boundary)
+        attempts.add(
+            (attempt.workflow_id, attempt.task_id, attempt.retry_count, attempt.poll_count)
+        )
+
+    remove = steps.observe(observer)
     try:
         with running(stub, store, tmp_path):
-            outcome = settle(stub, step(stub))
+            workflow_id = step(stub)
+            outcome = settle(stub, workflow_id)
     finally:
         remove()
     assert outcome.status == "COMPLETED"
+    assert len(attempts) == 1 and next(iter(attempts))[0] == workflow_id, attempts
     assert seen == [
         Boundary.AFTER_MATERIALIZE,
         Boundary.AFTER_BODY,
