@@ -35,6 +35,7 @@ import pycurl
 from perago.adapters.http import HttpConfig
 from perago.core.retry_policy import RETRY_FOR_S, Backoff
 from perago.errors import StoreError, TransientStoreError
+from perago.telemetry import metrics
 
 __all__ = ["CurlPool", "Reply", "Transfer"]
 
@@ -339,6 +340,7 @@ def _run(
                 t.close(False)
                 raise t.failed(str(e)) from None
             t.again()
+            metrics.TRANSFER_RETRIES.inc()
             nonlocal seq
             seq += 1
             heapq.heappush(waiting, (time.monotonic() + wait, seq, t, backoff))

@@ -420,9 +420,6 @@ def _stream_into(
 class ObjectBytes:
     """Downloads and uploads of objects for :class:`perago.adapters.lakefs.LakeFSStore`."""
 
-    #: How one object of a download is fetched (a test records its URLs).
-    object_get: type[ObjectGet] = ObjectGet
-
     def __init__(
         self,
         pool: CurlPool,
@@ -489,7 +486,7 @@ class ObjectBytes:
 
                 run_parallel(large, get_one, parallelism=parallelism)
             small = (
-                self.object_get(paths, repository, ref, job, sink)
+                ObjectGet(paths, repository, ref, job, sink)
                 for job, sink in pending
                 if job.obj.size <= SMALL_BODY
             )

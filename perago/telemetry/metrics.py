@@ -49,6 +49,10 @@ STAGE_SECONDS = Histogram(
     "perago_stage_seconds", "Try duration (staging branch to staged commit).", buckets=_BUCKETS
 )
 BYTES = Counter("perago_bytes_total", "Bytes moved between lakeFS and workspaces.", ["direction"])
+TRANSFER_RETRIES = Counter(
+    "perago_transfer_retries_total",
+    "Object transfers tried again after a transient failure (a reset, a 5xx, a stall).",
+)
 FILES = Counter("perago_files_total", "Files moved between lakeFS and workspaces.", ["direction"])
 TIMEOUT_EXTENSIONS = Counter(
     "perago_timeout_extensions_total",

@@ -132,11 +132,15 @@ def test_every_transfer_gets_its_own_bytes(server: str) -> None:
 
 
 def test_a_transient_answer_is_tried_again_from_byte_zero(server: str) -> None:
+    from perago.telemetry import metrics
+
+    retried = metrics.TRANSFER_RETRIES._value.get()
     _Handler.script = {"/flaky": [503, 502]}
     gets = [_Get(f"{server}/flaky"), _Get(f"{server}/fine")]
     get_all(gets, concurrency=2)
     assert bytes(gets[0].data) == b"bytes of /flaky" * 50  # no error body left in front
     assert gets[0].begins == 3 and _Handler.hits.count("/flaky") == 3
+    assert metrics.TRANSFER_RETRIES._value.get() == retried + 2, "each retry is counted"
 
 
 def test_a_lasting_failure_ends_the_batch_and_closes_every_open_transfer(server: str) -> None:
