@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 import pytest
 
 from perago.adapters.curl import CurlPool, Transfer
+from perago.adapters.http import HttpConfig
 from perago.adapters.lakefs import LakeFSStore
 from perago.config import Settings, load
 from perago.core.orchestrator import TaskSnapshot
@@ -44,8 +45,8 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Stack]:
 class RecordingPool(CurlPool):
     """The real engine, recording each request it sends (method, URL), after ``spoil``."""
 
-    def __init__(self, spoil: Callable[[str], str] = lambda url: url) -> None:
-        super().__init__(connect_timeout=10, read_timeout=60)
+    def __init__(self, http: HttpConfig, spoil: Callable[[str], str] = lambda url: url) -> None:
+        super().__init__(http)
         self.requests: list[tuple[str, str]] = []
         self._spoil = spoil
 
@@ -70,7 +71,7 @@ class Recording(LakeFSStore):
 
     def __init__(self, settings: Settings, spoil: Callable[[str], str] = lambda url: url) -> None:
         super().__init__(settings)
-        pool = RecordingPool(spoil)
+        pool = RecordingPool(self._http, spoil)
         self._curl.close()
         self._curl = self._objects._pool = pool
         self.requests = pool.requests
