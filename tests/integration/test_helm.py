@@ -331,7 +331,35 @@ def test_defaults_render_no_service_monitor_and_no_autoscaler(
     helm: Path, helm_env: dict[str, str]
 ) -> None:
     kinds = render(helm, helm_env).kinds()
-    assert kinds == {"ServiceAccount", "Secret", "ConfigMap", "Service", "Deployment"}
+    assert kinds == {
+        "ServiceAccount",
+        "Secret",
+        "ConfigMap",
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+    }
+
+
+def test_the_disruption_budget_takes_one_of_its_two_fields(
+    helm: Path, helm_env: dict[str, str]
+) -> None:
+    pdb = render(helm, helm_env).one("PodDisruptionBudget")["spec"]
+    assert pdb["maxUnavailable"] == 1 and "minAvailable" not in pdb
+    assert (
+        pdb["selector"]["matchLabels"]
+        == (render(helm, helm_env).one("Deployment")["spec"]["selector"]["matchLabels"])
+    )
+    by_min = render(
+        helm,
+        helm_env,
+        {"podDisruptionBudget.minAvailable": 1, "podDisruptionBudget.maxUnavailable": None},
+    ).one("PodDisruptionBudget")["spec"]
+    assert by_min["minAvailable"] == 1 and "maxUnavailable" not in by_min
+    both = render_fails(helm, helm_env, {"podDisruptionBudget.minAvailable": 1})
+    assert "not both" in both
+    off = render(helm, helm_env, {"podDisruptionBudget.enabled": False}).kinds()
+    assert "PodDisruptionBudget" not in off
 
 
 def test_service_monitor_and_autoscaler_when_enabled(helm: Path, helm_env: dict[str, str]) -> None:
