@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # Pythons >= 3.11. `make install` (and so CI) installs through it; `make lock` refreshes it.
 LOCK := requirements/constraints.txt
 
-.PHONY: install stack-build browser postgres production-build test-production image demo test lint typecheck unit integration bench soak model-check chaos down lock
+.PHONY: install stack-build browser postgres production-build test-production test-k8s image demo test lint typecheck unit integration bench soak model-check chaos down lock
 
 $(STAMP): pyproject.toml perago-dev/pyproject.toml $(LOCK)
 	@test -n "$(PY)" || { echo "Python >= 3.11 is required (none of python3, python3.13, python3.12, python3.11 is); set PY=/path/to/python"; exit 1; }
@@ -132,6 +132,13 @@ model-check: $(STAMP)
 	$(BIN)/python -m model --retries 2 --extensions 0
 	$(BIN)/python -m model.fanout --no-traces
 	$(BIN)/python -m model.reads --no-traces
+
+## test-k8s: the worker chart against a real Kubernetes API server: etcd, kube-apiserver,
+## kube-controller-manager and kube-scheduler built from pinned Go modules (cached in .stack/bin;
+## the first build takes several minutes), KWOK for the nodes and pods (not part of `make test`)
+test-k8s: install
+	$(BIN)/perago dev build --helm --k8s
+	PERAGO_TEST_K8S=1 $(BIN)/pytest -q -ra --durations=10 tests/k8s
 
 ## chaos: workers under seeded faults (kills, pauses, server restarts, Toxiproxy), then an
 ## audit of Conductor's and lakeFS's records; figures prepended to docs/chaos.md. Not in `test`.

@@ -202,24 +202,76 @@ def _versitygw_ldflags(module: Path) -> tuple[str, str]:
     return version, f"-s -w -X main.Version={version}"
 
 
-#: name -> (package to build inside its wrapper module, what to stamp into the binary)
-_GO_BINARIES: dict[str, tuple[str, Callable[[Path], tuple[str, str]]]] = {
-    "lakefs": (".", _lakefs_ldflags),
-    "lakectl": (".", _lakefs_ldflags),
+def _kubernetes_ldflags(module: Path) -> tuple[str, str]:
+    """What Kubernetes' own build stamps in (hack/lib/version.sh): the version the API server
+    reports at /version, which Helm's ``kubeVersion`` check and kubectl's skew rules read."""
+    version = _required_version(module, "k8s.io/kubernetes")
+    major, minor = _version_tuple(version)[:2]
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+        ]
+    return version, " ".join(flags)
+
+
+def _etcd_ldflags(module: Path) -> tuple[str, str]:
+    version = _required_version(module, "go.etcd.io/etcd/server/v3")
+    return version, f"-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA={version}"
+
+
+def _kwok_ldflags(module: Path) -> tuple[str, str]:
+    version = _required_version(module, "sigs.k8s.io/kwok")
+    # kwokctl spells its own version without the "v"
+    return version, f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={version.removeprefix('v')}"
+
+
+#: name -> (its wrapper module under recipes/, the package to build there, what to stamp)
+_GO_BINARIES: dict[str, tuple[str, str, Callable[[Path], tuple[str, str]]]] = {
+    "lakefs": ("lakefs", ".", _lakefs_ldflags),
+    "lakectl": ("lakectl", ".", _lakefs_ldflags),
     # Helm 3's command is a main package (not importable): the wrapper names it as a tool.
-    "helm": ("helm.sh/helm/v3/cmd/helm", _helm_ldflags),
+    "helm": ("helm", "helm.sh/helm/v3/cmd/helm", _helm_ldflags),
     # The fault-injecting proxy of the chaos tests and `make chaos` (not part of the stack).
-    "toxiproxy": ("github.com/Shopify/toxiproxy/v2/cmd/server", _toxiproxy_ldflags),
+    "toxiproxy": ("toxiproxy", "github.com/Shopify/toxiproxy/v2/cmd/server", _toxiproxy_ldflags),
     # The S3 server under the production profile's lakeFS (`perago dev up --profile production`).
-    "versitygw": ("github.com/versity/versitygw/cmd/versitygw", _versitygw_ldflags),
+    "versitygw": ("versitygw", "github.com/versity/versitygw/cmd/versitygw", _versitygw_ldflags),
+    # A Kubernetes control plane without a container runtime, for `make test-k8s`: etcd, the
+    # API server, controller manager and scheduler, kubectl of the same version, and KWOK
+    # (kwokctl starts them as processes; the kwok controller simulates nodes and pods).
+    "etcd": ("etcd", ".", _etcd_ldflags),
+    "kube-apiserver": ("k8s", "k8s.io/kubernetes/cmd/kube-apiserver", _kubernetes_ldflags),
+    "kube-controller-manager": (
+        "k8s",
+        "k8s.io/kubernetes/cmd/kube-controller-manager",
+        _kubernetes_ldflags,
+    ),
+    "kube-scheduler": ("k8s", "k8s.io/kubernetes/cmd/kube-scheduler", _kubernetes_ldflags),
+    "kubectl": ("k8s", "k8s.io/kubernetes/cmd/kubectl", _kubernetes_ldflags),
+    "kwok": ("kwok", "sigs.k8s.io/kwok/cmd/kwok", _kwok_ldflags),
+    "kwokctl": ("kwok", "sigs.k8s.io/kwok/cmd/kwokctl", _kwok_ldflags),
 }
+
+#: The binaries of the control plane `make test-k8s` runs (see perago_dev.kube).
+CONTROL_PLANE = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "kwokctl",
+)
 
 
 def _build_go_binary(paths: StackPaths, name: str, *, progress: bool, webui: bool = False) -> Path:
     """Build ``name`` from its wrapper module; ``webui`` (lakefs only) embeds lakeFS's web
     UI built with npm (:mod:`perago_dev.webui`)."""
-    package, ldflags = _GO_BINARIES[name]
-    module = paths.deploy / name
+    recipe, package, ldflags = _GO_BINARIES[name]
+    module = paths.deploy / recipe
     binary = paths.bin / name
     stamp_file = paths.bin / f".{name}.stamp"
     pins = [module / f for f in ("go.mod", "go.sum", "main.go") if (module / f).is_file()]
@@ -230,6 +282,7 @@ def _build_go_binary(paths: StackPaths, name: str, *, progress: bool, webui: boo
         "helm": "perago dev build --helm",
         "toxiproxy": "make chaos",
         "versitygw": "perago dev build --profile production",
+        **{binary: "make test-k8s" for binary in CONTROL_PLANE},
     }.get(name, "make install")
     go = _require_go(module, name, how)
     version, flags = ldflags(module)
@@ -458,13 +511,19 @@ def _building(paths: StackPaths) -> AbstractContextManager[None]:
 
 
 def build(
-    *, progress: bool = False, helm: bool = False, webui: bool = True, production: bool = False
+    *,
+    progress: bool = False,
+    helm: bool = False,
+    webui: bool = True,
+    production: bool = False,
+    k8s: bool = False,
 ) -> None:
     """Make every stack binary present and current; idempotent and cheap when nothing changed.
 
     ``helm`` also builds Helm (not part of the stack; the chart tests build it on demand);
     ``webui`` embeds lakeFS's web UI in the lakefs binary (needs npm); ``production`` also
-    builds the production profile's S3 server and checks for PostgreSQL's binaries.
+    builds the production profile's S3 server and checks for PostgreSQL's binaries; ``k8s``
+    the Kubernetes control plane and KWOK (``make test-k8s``).
     """
     paths = stack_paths()
     with _building(paths):
@@ -478,6 +537,9 @@ def build(
             postgres_bin()
         if helm:
             _build_go_binary(paths, "helm", progress=progress)
+        if k8s:
+            for name in CONTROL_PLANE:
+                _build_go_binary(paths, name, progress=progress)
 
 
 def build_helm(*, progress: bool = False) -> Path:
@@ -492,6 +554,14 @@ def build_versitygw(*, progress: bool = False) -> Path:
     paths = stack_paths()
     with _building(paths):
         return _build_go_binary(paths, "versitygw", progress=progress)
+
+
+def build_control_plane(*, progress: bool = False) -> dict[str, Path]:
+    """The Kubernetes control plane and KWOK from ``recipes/{etcd,k8s,kwok}`` (cached like
+    Helm; the first build takes several minutes on two cores); name -> path."""
+    paths = stack_paths()
+    with _building(paths):
+        return {name: _build_go_binary(paths, name, progress=progress) for name in CONTROL_PLANE}
 
 
 def build_toxiproxy(*, progress: bool = False) -> Path:

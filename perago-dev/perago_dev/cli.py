@@ -37,6 +37,13 @@ def build_cmd(
         bool,
         typer.Option("--helm", help="Also build Helm (for the worker chart's tests)."),
     ] = False,
+    k8s: Annotated[
+        bool,
+        typer.Option(
+            "--k8s",
+            help="Also build the Kubernetes control plane and KWOK (for `make test-k8s`).",
+        ),
+    ] = False,
     webui: Annotated[
         bool,
         typer.Option(
@@ -58,7 +65,7 @@ def build_cmd(
     from perago_dev.stack import resolve_profile
 
     production = _run(lambda: resolve_profile(profile)) == "production"
-    _run(lambda: build(progress=True, helm=helm, webui=webui, production=production))
+    _run(lambda: build(progress=True, helm=helm, webui=webui, production=production, k8s=k8s))
     typer.echo(f"stack binaries are ready in {_run(stack_paths).stack}", err=True)
 
 
@@ -104,6 +111,13 @@ def up_cmd(
             "default from PERAGO_STACK_PROFILE.",
         ),
     ] = None,
+    k8s: Annotated[
+        bool,
+        typer.Option(
+            "--k8s",
+            help="Also build the Kubernetes control plane and KWOK (for `make test-k8s`).",
+        ),
+    ] = False,
     webui: Annotated[
         bool,
         typer.Option(
