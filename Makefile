@@ -136,7 +136,10 @@ model-check: $(STAMP)
 ## test-k8s: the worker chart against a real Kubernetes API server: etcd, kube-apiserver,
 ## kube-controller-manager and kube-scheduler built from pinned Go modules (cached in .stack/bin;
 ## the first build takes several minutes), KWOK for the nodes and pods (not part of `make test`)
+## (the image check needs root: debootstrap and buildah come from Debian's packages)
 test-k8s: install
+	@command -v debootstrap >/dev/null && command -v buildah >/dev/null || \
+	{ $(call apt_install,debootstrap buildah,make test-k8s); }
 	$(BIN)/perago dev build --helm --k8s
 	PERAGO_TEST_K8S=1 $(BIN)/pytest -q -ra --durations=10 tests/k8s
 

@@ -42,7 +42,7 @@ from perago_dev.build import step
 from perago_dev.paths import StackPaths, find_project_root, stack_paths
 from perago_dev.s3_stack import free_port
 
-__all__ = ["IMAGE_ENV", "UID", "Image", "build", "check"]
+__all__ = ["ENTRYPOINT", "IMAGE_ENV", "UID", "Image", "build", "check", "current"]
 
 SUITE = "bookworm"  # Debian 12: Python 3.11, OpenJDK 17
 MIRROR = "http://deb.debian.org/debian"
@@ -145,6 +145,44 @@ def _base(paths: StackPaths, log: Path, *, progress: bool) -> Path:
                 entry.unlink()
     stamp_file.write_text(stamp)
     return base
+
+
+def _inputs_stamp(root: Path) -> str:
+    """What the image is built from: the lock, the runtime's and the examples' sources."""
+    files = [root / "pyproject.toml", root / "requirements" / "constraints.txt"]
+    for folder in ("perago", "workers"):
+        files += sorted(p for p in (root / folder).rglob("*.py") if "__pycache__" not in p.parts)
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def current(*, progress: bool = False) -> Image:
+    """The image built from this checkout as it is now: the last one if nothing it is built
+    from changed since, else a new build (root only)."""
+    _require_root("building the worker image")
+    root = find_project_root()
+    if root is None:
+        raise StackError("the worker image is built from a Perago checkout: run it in one")
+    work = stack_paths().stack / "image"
+    version = _version(root)
+    image = Image(
+        rootfs=work / "rootfs",
+        archive=work / f"perago-worker-{version}.oci.tar",
+        name=f"localhost/perago-worker:{version}",
+    )
+    stamp_file, stamp = work / ".inputs.stamp", _inputs_stamp(root)
+    if (
+        image.archive.is_file()
+        and (image.rootfs / VENV.lstrip("/")).is_dir()
+        and stamp_file.is_file()
+        and stamp_file.read_text() == stamp
+    ):
+        return image
+    image = build(progress=progress)
+    stamp_file.write_text(stamp)
+    return image
 
 
 def build(*, progress: bool = False) -> Image:

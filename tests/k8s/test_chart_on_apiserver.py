@@ -285,3 +285,105 @@ def test_the_autoscaler_is_accepted_and_reads_its_target(cluster: Cluster, helm:
         assert time.monotonic() < deadline, _deployment(cluster, "hpa")["spec"]
         time.sleep(0.5)
     helm("uninstall", "hpa", "--wait")
+
+
+# -- the image, run as the pod spec says ---------------------------------------------------------
+
+
+def test_the_image_runs_as_its_pod_spec_says(
+    cluster: Cluster, helm: Any, stack_env: dict[str, str]
+) -> None:
+    """The worker from the built image (perago_dev.image), started in a chroot with exactly
+    the command, environment (ConfigMap and Secret resolved), user, read-only root, emptyDir
+    and grace period of a pod the API server made from the chart: it serves every probe's
+    path on the probe's port, runs a workflow against the stack, and drains on SIGTERM
+    within the pod's terminationGracePeriodSeconds."""
+    import os
+    import signal
+    import sys
+    import urllib.request
+    import uuid
+
+    from perago.adapters.conductor import ConductorClient
+    from perago.adapters.lakefs import LakeFSStore
+    from perago.conductor.registry import discover, register
+    from perago.config import load
+    from perago_dev import image
+    from perago_dev.pod import container_process, started
+    from perago_dev.s3_stack import free_port
+
+    if os.geteuid() != 0:
+        pytest.fail("the image check needs root (debootstrap, mounts, chroot): run as root")
+    built = image.current(progress=True)
+    port = free_port()
+    values: dict[str, object] = {
+        "worker.modules": ["workers.smoke.tasks"],
+        "http.port": port,
+        "conductor.url": stack_env["CONDUCTOR_SERVER_URL"],
+        "lakefs.endpoint": stack_env["LAKECTL_SERVER_ENDPOINT_URL"],
+        "credentials.lakefs.accessKeyId": stack_env["LAKECTL_CREDENTIALS_ACCESS_KEY_ID"],
+        "credentials.lakefs.secretAccessKey": stack_env["LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY"],
+        "replicaCount": 1,
+    }
+    helm("install", "pod", str(CHART), "--wait", "--timeout", "3m", values=values)
+    (pod,) = _worker_pods(cluster, "pod")
+    selector = "app.kubernetes.io/instance=pod"
+    config_maps = cluster.get("configmap", "-n", NAMESPACE, "-l", selector)["items"]
+    secrets = cluster.get("secret", "-n", NAMESPACE, "-l", selector)["items"]
+    process = container_process(
+        pod, config_maps, secrets, entrypoint=image.ENTRYPOINT, image_env=image.IMAGE_ENV
+    )
+    assert process.argv == ("perago", "worker", "workers.smoke.tasks", "--http-port", str(port))
+    assert (process.uid, process.gid, process.read_only_root) == (image.UID, image.UID, True)
+    assert process.scratch == ("/tmp",) and process.grace_seconds == 50
+    assert (
+        process.env["LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY"]
+        == values["credentials.lakefs.secretAccessKey"]
+    )
+    assert {p.port for p in process.probes} == {port}
+
+    settings = load(env=stack_env)
+    store, conductor = LakeFSStore(settings), ConductorClient(settings)
+    sys.path.insert(0, str(ROOT))
+    register(conductor, discover(["workers.smoke.tasks"]))
+    conductor.put_workflow_defs([json.loads((ROOT / "workflows" / "smoke.json").read_text())])
+    repo = f"k8s-pod-{uuid.uuid4().hex[:8]}"
+    store.create_repository(repo)
+    log = built.rootfs.parent / "pod-worker.log"
+
+    def answers(path: str, on: int) -> int:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(f"http://127.0.0.1:{on}{path}", timeout=3) as r:
+                return int(r.status)
+        except OSError:
+            return 0
+
+    try:
+        with started(built.rootfs, process, log) as worker:
+            deadline = time.monotonic() + 120
+            while not all(answers(p.path, p.port) == 200 for p in process.probes):
+                assert worker.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            name = f"pod {uuid.uuid4().hex[:6]}"
+            wid = conductor.start_workflow(
+                "perago_smoke", {"workspace": {"repository": repo, "branch": "main"}, "name": name}
+            )
+            deadline = time.monotonic() + 120
+            while (wf := conductor.get_workflow(wid)).get("status") == "RUNNING":
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            assert wf.get("status") == "COMPLETED", wf.get("reasonForIncompletion")
+            written = [o.path for o in store.list_objects(repo, "main", "smoke/")]
+            assert written == [f"smoke/hello-{name}.txt"]
+            sent = time.monotonic()
+            worker.send_signal(signal.SIGTERM)
+            code = worker.wait(timeout=process.grace_seconds)
+            drained_in = time.monotonic() - sent
+        text = log.read_text()
+        assert code == 0 and '"shutdown_requested"' in text and '"worker_stopped"' in text, text
+        assert drained_in < process.grace_seconds
+    finally:
+        store.delete_repository(repo)
+        helm("uninstall", "pod", "--wait")
