@@ -111,13 +111,6 @@ def up_cmd(
             "default from PERAGO_STACK_PROFILE.",
         ),
     ] = None,
-    k8s: Annotated[
-        bool,
-        typer.Option(
-            "--k8s",
-            help="Also build the Kubernetes control plane and KWOK (for `make test-k8s`).",
-        ),
-    ] = False,
     webui: Annotated[
         bool,
         typer.Option(
