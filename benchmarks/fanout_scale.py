@@ -18,6 +18,12 @@ commit), and CPU seconds per process and phase.
     python -m benchmarks.fanout_scale 64 256 1000
     python -m benchmarks.fanout_scale --hook 256      # with the expected-head hook
     python -m benchmarks.fanout_scale --perago-only 5000   # Perago and its floor only
+    python -m benchmarks.fanout_scale --nested 10 1000     # 10 sub-workflows of 100 each
+
+``--nested G`` runs every phase (Perago, the plain worker, the read-only floor) as Conductor's
+own answer to a wide fork: an outer DYNAMIC_FORK of G SUB_WORKFLOW tasks, each a DYNAMIC_FORK
+of its share of the partitions (Conductor's decider re-evaluates a workflow's tasks on every
+update, so G forks of N/G cost less than one of N).
 """
 
 from __future__ import annotations
@@ -73,6 +79,30 @@ def _wait(conductor: ConductorClient, wid: str, timeout: float) -> dict[str, Any
     raise SystemExit(f"workflow {wid} did not finish within {timeout:.0f} s")
 
 
+def _nested(
+    flow: str, ws: dict[str, Any], tasks: list[dict[str, Any]], inputs: dict[str, Any], groups: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The outer fork's tasks and inputs: ``groups`` sub-workflows of ``flow``, each with its
+    share of the partitions."""
+    outer_tasks, outer_inputs = [], {}
+    for g in range(groups):
+        mine = tasks[g::groups]
+        outer_tasks.append(
+            {
+                "name": flow,
+                "taskReferenceName": f"g{g}",
+                "type": "SUB_WORKFLOW",
+                "subWorkflowParam": {"name": flow, "version": 1},
+            }
+        )
+        outer_inputs[f"g{g}"] = {
+            "workspace": ws,
+            "tasks": mine,
+            "inputs": {t["taskReferenceName"]: inputs[t["taskReferenceName"]] for t in mine},
+        }
+    return outer_tasks, outer_inputs
+
+
 def _fanout(
     conductor: ConductorClient,
     store: LakeFSStore,
@@ -80,9 +110,11 @@ def _fanout(
     parts: int,
     task: str = TASK,
     hook: bool = False,
-) -> tuple[float, str]:
-    """(wall time, workflow id) of a fan-out of ``parts`` ``task`` steps on a fresh repository;
-    every partition checked on ``main`` exactly once."""
+    nested: int = 0,
+) -> tuple[float, list[str]]:
+    """(wall time, the ids of the workflows that ran the partitions) of a fan-out of
+    ``parts`` ``task`` steps on a fresh repository, in ``nested`` sub-workflows (0: one
+    flat fork); every partition checked on ``main`` exactly once."""
     repo = f"bench-scale-{parts}-{uuid.uuid4().hex[:6]}"
     store.create_repository(repo)
     if hook:
@@ -90,8 +122,18 @@ def _fanout(
     ws = {"repository": repo, "branch": "main", "ref": store.branch_head(repo, "main")}
     tasks = [{"name": task, "taskReferenceName": f"p{i}", "type": "SIMPLE"} for i in range(parts)]
     inputs = {f"p{i}": {"workspace": ws, "params": {"part": str(i)}} for i in range(parts)}
-    wid = conductor.start_workflow(flow, {"workspace": ws, "tasks": tasks, "inputs": inputs})
+    if nested:
+        tasks, inputs = _nested(flow, ws, tasks, inputs, nested)
+    wid = conductor.start_workflow(
+        f"{flow}_outer" if nested else flow, {"workspace": ws, "tasks": tasks, "inputs": inputs}
+    )
     wf = _wait(conductor, wid, timeout=60 + parts * 2.0)
+    ran = [wid]
+    if nested:
+        outer = conductor.get_workflow(wid, include_tasks=True)
+        ran = [t["subWorkflowId"] for t in outer["tasks"] if t.get("subWorkflowId")]
+        if len(ran) != nested:
+            raise SystemExit(f"{wid}: {len(ran)} sub-workflows ran, expected {nested}")
     if task != READ_TASK:
         history = _history(store, repo)
         if task == TASK:  # each publication is a commit of its own kind
@@ -103,7 +145,7 @@ def _fanout(
         files = sum(1 for _ in store.list_objects(repo, "main", prefix="parts/"))
         if files != parts * FILES:
             raise SystemExit(f"{repo}: {files} files under parts/, expected {parts * FILES}")
-    return (int(wf["endTime"]) - int(wf["startTime"])) / 1000, wid
+    return (int(wf["endTime"]) - int(wf["startTime"])) / 1000, ran
 
 
 def _history(store: LakeFSStore, repo: str) -> list[Any]:
@@ -146,7 +188,7 @@ def _alone(store: LakeFSStore, parts: int) -> float:
     return time.monotonic() - started
 
 
-def _events(logs: list[Path], workflow_id: str) -> list[dict[str, Any]]:
+def _events(logs: list[Path], workflow_ids: list[str]) -> list[dict[str, Any]]:
     out = []
     for log in logs:
         for line in log.read_text().splitlines():
@@ -154,17 +196,17 @@ def _events(logs: list[Path], workflow_id: str) -> list[dict[str, Any]]:
                 e = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if e.get("workflow_id") == workflow_id:
+            if e.get("workflow_id") in workflow_ids:
                 out.append(e)
     return out
 
 
-def _figures(logs: list[Path], workflow_id: str) -> tuple[int, int, list[float], int]:
+def _figures(logs: list[Path], workflow_ids: list[str]) -> tuple[int, int, list[float], int]:
     """(lease grants taken, joined, publication latencies diffed -> published, retries)."""
     acquired = joined = retried = 0
     started: dict[str, datetime] = {}
     latencies = []
-    for e in _events(logs, workflow_id):
+    for e in _events(logs, workflow_ids):
         event = e.get("event")
         acquired += event == "branch_lease_acquired"
         joined += event == "branch_lease_joined"
@@ -253,13 +295,14 @@ def _plain(
     store: LakeFSStore,
     flow: str,
     parts: int,
+    nested: int = 0,
 ) -> tuple[float, dict[str, float]]:
     """The plain worker's phase: its processes started for it, stopped after."""
     plain_workers = _start_plain(env, work_dir / f"bench-scale-{suffix}-{parts}-plain.log")
     try:
         time.sleep(2)  # the handler's processes start polling
         (plain, _), used = cpu.measure(
-            partial(_fanout, conductor, store, flow, parts, PLAIN_TASK),
+            partial(_fanout, conductor, store, flow, parts, PLAIN_TASK, nested=nested),
             [w.pid for w in plain_workers],
         )
         return plain, used
@@ -269,6 +312,11 @@ def _plain(
 
 def main(argv: list[str]) -> int:
     hook, perago_only = "--hook" in argv, "--perago-only" in argv
+    nested = 0
+    if "--nested" in argv:
+        at = argv.index("--nested")
+        nested = int(argv[at + 1])
+        argv = argv[:at] + argv[at + 2 :]
     sizes = [int(a) for a in argv if not a.startswith("--")] or [64, 256]
     stack = resolve_stack()
     env = {**os.environ, **stack.env}
@@ -281,9 +329,14 @@ def main(argv: list[str]) -> int:
         [{"name": PLAIN_TASK, "retryCount": 0, "ownerEmail": "perago@example.com"}]
     )
     timeout = int(60 + max(sizes) * 2.0)  # as _fanout waits
-    conductor.put_workflow_defs([fanout_workflow(flow, timeout_seconds=timeout)])
+    conductor.put_workflow_defs(
+        [
+            fanout_workflow(flow, timeout_seconds=timeout),
+            fanout_workflow(f"{flow}_outer", timeout_seconds=timeout),
+        ]
+    )
     cpu = _Cpu(stack)
-    rows: list[tuple[int, float, float, float, float, str, list[Path]]] = []
+    rows: list[tuple[int, float, float, float, float, list[str], list[Path]]] = []
     used: list[tuple[int, str, float, dict[str, float]]] = []
     logs: list[Path] = []
     for parts in sizes:
@@ -300,10 +353,10 @@ def main(argv: list[str]) -> int:
             if not rows:  # warm Conductor's JIT first: the first fan-out after a start is slow
                 _fanout(conductor, store, flow, WARM_UP, READ_TASK)
             (floor, _), floor_cpu = cpu.measure(
-                partial(_fanout, conductor, store, flow, parts, READ_TASK), pids
+                partial(_fanout, conductor, store, flow, parts, READ_TASK, nested=nested), pids
             )
             (wall, wid), perago_cpu = cpu.measure(
-                partial(_fanout, conductor, store, flow, parts, TASK, hook), pids
+                partial(_fanout, conductor, store, flow, parts, TASK, hook, nested), pids
             )
         finally:
             stop_workers(workers)
@@ -311,13 +364,14 @@ def main(argv: list[str]) -> int:
         plain = alone = NOT_RUN
         if not perago_only:
             plain, plain_cpu = _plain(env, Path(settings.work_dir), suffix, cpu, conductor,
-                                      store, flow, parts)  # fmt: skip
+                                      store, flow, parts, nested)  # fmt: skip
             alone, alone_cpu = cpu.measure(partial(_alone, store, parts), [])
             used += [(parts, "plain worker", plain, plain_cpu),
                      (parts, "lakeFS alone", alone, alone_cpu)]  # fmt: skip
         rows.append((parts, wall, plain, alone, floor, wid, size_logs))
     print(
-        f"(l) fan-out at scale: {WORKERS} workers x {CONCURRENCY} places, each partition "
+        f"(l) fan-out at scale{f' in {nested} sub-workflows' if nested else ''}: "
+        f"{WORKERS} workers x {CONCURRENCY} places, each partition "
         f"{FILES} x {SIZE // 1024} KiB, expected-head hook {'on' if hook else 'off'}; plain: "
         f"conductor-python + lakefs-sdk without the protocol; lakeFS alone: the same "
         f"publications {BASELINE_THREADS} at a time; read-only: the fan-out publishing nothing"
@@ -326,8 +380,8 @@ def main(argv: list[str]) -> int:
         "  partitions | Perago | plain worker | ratio | lakeFS alone | read-only | "
         "publications/s | latency p50 / p99 | lease taken / joined | retried"
     )
-    for parts, wall, plain, alone, floor, wid, size_logs in rows:
-        acquired, joined, lat, retried = _figures(size_logs, wid)
+    for parts, wall, plain, alone, floor, ran, size_logs in rows:
+        acquired, joined, lat, retried = _figures(size_logs, ran)
         p50, p99 = percentile(lat, 50), percentile(lat, 99)
         print(
             f"  {parts:10d} | {wall:4.1f} s | {_s(plain):>12} | {_x(wall, plain):>5} | "
