@@ -106,7 +106,7 @@ class LakeFSStore:
             host=http.base,
             username=settings.lakefs_access_key_id,
             password=secret,
-            ssl_ca_cert=http.ca_file,  # the SDK would trust certifi's bundle alone
+            ssl_ca_cert=http.ca_file,  # the same CA file as the other two clients
         )
         config.connection_pool_maxsize = max(16, settings.transfer_parallelism * 2)
         self._client = lakefs_sdk.ApiClient(config)

@@ -377,13 +377,10 @@ def test_the_image_runs_as_its_pod_spec_says(
             assert wf.get("status") == "COMPLETED", wf.get("reasonForIncompletion")
             written = [o.path for o in store.list_objects(repo, "main", "smoke/")]
             assert written == [f"smoke/hello-{name}.txt"]
-            sent = time.monotonic()
             worker.send_signal(signal.SIGTERM)
-            code = worker.wait(timeout=process.grace_seconds)
-            drained_in = time.monotonic() - sent
+            code = worker.wait(timeout=process.grace_seconds)  # a kubelet's SIGKILL after it
         text = log.read_text()
         assert code == 0 and '"shutdown_requested"' in text and '"worker_stopped"' in text, text
-        assert drained_in < process.grace_seconds
     finally:
         store.delete_repository(repo)
         helm("uninstall", "pod", "--wait")

@@ -267,9 +267,9 @@ def test_every_lakefs_client_trusts_the_same_certificates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 42 (one HTTP configuration): lakefs-sdk's pool, libcurl and the stream pool
-    all trust what SSL_CERT_FILE names, from one HttpConfig (the SDK alone trusted certifi's
-    bundle before). The server is a real HTTPS server on 127.0.0.1 (its answers are not
-    lakeFS's; only the TLS handshake is under test)."""
+    all trust what SSL_CERT_FILE names, from one HttpConfig (a regression guard: the SDK
+    passed this before too, through its own default context). The server is a real HTTPS
+    server on 127.0.0.1 (its answers are not lakeFS's; only the TLS handshake is tested)."""
     from perago.adapters.http import HttpConfig
     from perago.adapters.lakefs import LakeFSStore
     from perago.config import load
