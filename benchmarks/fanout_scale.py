@@ -219,6 +219,28 @@ def _figures(logs: list[Path], workflow_ids: list[str]) -> tuple[int, int, list[
     return acquired, joined, sorted(latencies), retried
 
 
+def _branch_time(logs: list[Path], workflow_ids: list[str]) -> tuple[float, float, float]:
+    """Where the target branch's time went in a Perago run, from the workers' logs:
+    (seconds some publication held its turn, of which the merges' answers, seconds grants
+    stayed held after their last merge: the members' reports under the lease)."""
+    held = merges = tails = 0.0
+    for log in logs:
+        last_merge: datetime | None = None
+        for e in _events([log], workflow_ids):
+            event = e.get("event")
+            at = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00"))
+            if event == "published":
+                held += e.get("turn_held_ms", 0.0) / 1000
+                merges += e.get("merge_ms", 0.0) / 1000
+                last_merge = at
+            elif event == "branch_lease_acquired":
+                last_merge = None
+            elif event == "branch_lease_group_ended" and last_merge is not None:
+                tails += (at - last_merge).total_seconds()
+                last_merge = None
+    return held, merges, tails
+
+
 class _Cpu:
     """CPU seconds that the stack's services, the phase's workers and this process (lakeFS
     alone's client) use over a phase; the machine's cores bound what a phase can do in its
@@ -387,6 +409,20 @@ def main(argv: list[str]) -> int:
             f"  {parts:10d} | {wall:4.1f} s | {_s(plain):>12} | {_x(wall, plain):>5} | "
             f"{_s(alone):>12} | {floor:7.1f} s | {parts / wall:14.1f} | "
             f"{p50:6.2f} / {p99:5.2f} s    | {acquired:>10} / {joined:<6}   | {retried}"
+        )
+    print(
+        "  where the branch's time went in Perago's phase: turns (the publish fence, merge and "
+        "read-back, one publication at a time), grant tails (after a grant's last merge, its "
+        "members' reports under the lease) and the rest (no staged publication in the holding "
+        "process, grants changing hands)"
+    )
+    print("  partitions | wall    | turns held (merges)  | grant tails | rest")
+    for parts, wall, *_, ran, size_logs in rows:
+        held, merges, tails = _branch_time(size_logs, ran)
+        rest = max(0.0, wall - held - tails)
+        print(
+            f"  {parts:10d} | {wall:5.1f} s | {held:5.1f} s ({merges:5.1f} s) | "
+            f"{tails:9.1f} s | {rest:4.1f} s"
         )
     print(f"  worker logs: {', '.join(str(p) for p in logs)}")
     if used and used[0][3]:

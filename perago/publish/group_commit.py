@@ -39,6 +39,7 @@ from perago.core.store import Commit
 from perago.errors import LeaseBusyError
 from perago.publish.identity import AttemptIdentity
 from perago.publish.scope import overlaps
+from perago.telemetry import metrics
 
 __all__ = ["MAX_MEMBERS", "MAX_SECONDS", "GroupMember", "LeaseGroups"]
 
@@ -220,6 +221,10 @@ class GroupMember:
         self.joined = joined
         self._left = False
         self._handed: Commit | None = None
+        #: Seconds it waited for its last turn and held it (None until then).
+        self.turn_waited: float | None = None
+        self.turn_held: float | None = None
+        self._turn_taken = 0.0
 
     @property
     def token(self) -> int:
@@ -245,9 +250,10 @@ class GroupMember:
         interrupt can reach; the turn is taken and given back inside one ``try``, so an
         interrupt anywhere leaves it to the next member."""
         group, wait = self.group, self._groups.wait_seconds
+        asked = time.monotonic()
         try:
             with group.turns:
-                deadline = time.monotonic() + wait
+                deadline = asked + wait
                 while group.turn is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -261,6 +267,9 @@ class GroupMember:
                     group.turns.wait(min(left, TURN_SLICE_SECONDS))
                 group.turn = self.id
                 self._handed, group.head = group.head, None
+                self._turn_taken = time.monotonic()
+                self.turn_waited, self.turn_held = self._turn_taken - asked, None
+            metrics.BRANCH_TURN_SECONDS.labels("wait").observe(self.turn_waited)
             yield
         finally:
             self.end_turn()
@@ -289,9 +298,12 @@ class GroupMember:
     def end_turn(self) -> None:
         """End the turn early: the merge is done, what follows it only reads."""
         with self.group.turns:
-            if self.group.turn == self.id:
-                self.group.turn = None
-                self.group.turns.notify()
+            if self.group.turn != self.id:
+                return
+            self.group.turn = None
+            self.group.turns.notify()
+        self.turn_held = time.monotonic() - self._turn_taken
+        metrics.BRANCH_TURN_SECONDS.labels("held").observe(self.turn_held)
 
     def release(self) -> None:
         """Leave the group; the last member to leave releases the grant before returning."""

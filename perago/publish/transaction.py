@@ -82,6 +82,17 @@ def _turn(lease: GroupMember | None) -> contextlib.AbstractContextManager[None]:
     return lease.turn() if lease is not None else contextlib.nullcontext()
 
 
+def _timings(merges: list[float], lease: GroupMember | None) -> dict[str, float]:
+    """The ``published`` event's view of the branch's serial section: the merge's answer
+    and the member's wait for its turn and time in it (milliseconds)."""
+    out = {"merge_ms": round(1000 * merges[-1], 1)} if merges else {}
+    if lease is not None and lease.turn_waited is not None:
+        out["turn_wait_ms"] = round(1000 * lease.turn_waited, 1)
+    if lease is not None and lease.turn_held is not None:
+        out["turn_held_ms"] = round(1000 * lease.turn_held, 1)
+    return out
+
+
 def release_lease(lease: GroupMember, *, wait: bool = False) -> None:
     """Release a branch lease; a failure is only logged (it expires by itself).
 
@@ -498,7 +509,10 @@ class Publisher:
         )
         metadata.update(target.reads_metadata())
 
+        took: list[float] = []
+
         def merge(timeout: float | None) -> str:
+            asked = time.monotonic()
             merged = self._store.merge(
                 repo,
                 staged.staging_branch,
@@ -507,6 +521,7 @@ class Publisher:
                 metadata=metadata,
                 timeout=timeout,
             )
+            took.append(time.monotonic() - asked)
             if lease is not None:
                 if lease.shared:
                     self._hand_on(repo, lease, merged, head.id)
@@ -531,7 +546,7 @@ class Publisher:
             log.warning("merge_answer_lost_but_landed", ref=landed, error=str(e))
             merged = landed
         self._check_first_parent(repo, target.branch, merged, head.id, me)
-        log.info("published", mode="merge", ref=merged)
+        log.info("published", mode="merge", ref=merged, **_timings(took, lease))
         return merged
 
     def _scoped_replace(

@@ -8,6 +8,7 @@ from perago.telemetry.steps import Attempt, Boundary, observe
 
 __all__ = [
     "ATTEMPTS",
+    "BRANCH_TURN_SECONDS",
     "BYTES",
     "CACHE",
     "CACHE_BYTES_SAVED",
@@ -44,6 +45,16 @@ PUBLISH_SECONDS = Histogram(
     "Confirm duration (fence to published head).",
     ["mode"],
     buckets=_BUCKETS,
+)
+#: The serial section of a branch: a publication's wait for its turn among the members of
+#: its lease grant, and how long it held the turn (the publish fence to the merge's answer
+#: and its read-back, or a reset and its checks). Held time summed over a run is how busy
+#: the branch was; the rest is grants changing hands and members not yet staged.
+BRANCH_TURN_SECONDS = Histogram(
+    "perago_branch_turn_seconds",
+    "A publication's wait for its turn on the target branch (part=wait) and its turn (held).",
+    ["part"],
+    buckets=(0.005, 0.01, 0.025, *_BUCKETS),
 )
 STAGE_SECONDS = Histogram(
     "perago_stage_seconds", "Try duration (staging branch to staged commit).", buckets=_BUCKETS

@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from perago.adapters.conductor import TaskSnapshot
 from perago.adapters.objects import error_for
@@ -201,6 +202,43 @@ def test_members_take_turns_and_a_turn_may_end_early() -> None:
     right.release()
 
 
+def test_a_members_wait_for_its_turn_and_its_time_in_it_are_measured() -> None:
+    """The branch's serial section shows in ``perago_branch_turn_seconds`` and on the
+    member (the ``published`` event's turn_wait_ms / turn_held_ms)."""
+    from prometheus_client import REGISTRY
+
+    def count(part: str) -> float:
+        value = REGISTRY.get_sample_value("perago_branch_turn_seconds_count", {"part": part})
+        return value or 0.0
+
+    groups = LeaseGroups(CountingLeases())
+    left = groups.acquire("r", "main", "left", LEFT)
+    right = groups.acquire("r", "main", "right", RIGHT)
+    assert left.turn_waited is None and left.turn_held is None
+    waits, helds = count("wait"), count("held")
+
+    def other_turn() -> None:
+        with right.turn():
+            pass
+
+    with left.turn():
+        thread = threading.Thread(target=other_turn)
+        thread.start()
+        _waiting_for_turns(left, 1)
+        threading.Event().wait(0.2)  # the right member waits this long at least
+        left.end_turn()
+        held = left.turn_held
+        left.end_turn()  # a second end (the context's) measures nothing more
+    thread.join(5)
+    assert held is not None and held >= 0.2
+    assert left.turn_held == held
+    assert right.turn_waited is not None and right.turn_waited >= 0.2
+    assert left.turn_waited is not None and left.turn_waited < right.turn_waited
+    assert (count("wait"), count("held")) == (waits + 2, helds + 2)
+    left.release()
+    right.release()
+
+
 def _waiting_for_turns(member: GroupMember, n: int) -> None:
     """Until ``n`` members wait for their turn (threading.Condition's waiters)."""
     turns = member.group.turns
@@ -328,7 +366,13 @@ def test_a_fan_out_publishes_through_few_grants_and_a_failing_member_fails_alone
     publisher = Publisher(
         store, _FlippingLedger([snap(p) for p in parts], doomed), worker_id="w", leases=leases
     )
-    results = _publish_all(publisher, parts, base, tmp_path)
+    with capture_logs() as logs:
+        results = _publish_all(publisher, parts, base, tmp_path)
+    published = [e for e in logs if e["event"] == "published"]
+    assert len(published) == 11  # each with the branch's serial section as it saw it
+    assert all(
+        e["turn_held_ms"] >= e["merge_ms"] >= 0 and e["turn_wait_ms"] >= 0 for e in published
+    )
     assert isinstance(results.pop(doomed), AttemptFenceError)
     assert all(isinstance(r, str) for r in results.values()), results
     tree = store.tree("r", "main")
