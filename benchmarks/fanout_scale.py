@@ -188,6 +188,12 @@ def _alone(store: LakeFSStore, parts: int) -> float:
     return time.monotonic() - started
 
 
+#: Events of a lease grant: the member that logs them may already have left its
+#: attempt's log context, so they are taken whatever workflow they name (only publishing
+#: attempts take leases).
+_GRANT_EVENTS = frozenset({"branch_lease_acquired", "branch_lease_group_ended"})
+
+
 def _events(logs: list[Path], workflow_ids: list[str]) -> list[dict[str, Any]]:
     out = []
     for log in logs:
@@ -196,7 +202,7 @@ def _events(logs: list[Path], workflow_ids: list[str]) -> list[dict[str, Any]]:
                 e = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if e.get("workflow_id") in workflow_ids:
+            if e.get("workflow_id") in workflow_ids or e.get("event") in _GRANT_EVENTS:
                 out.append(e)
     return out
 
