@@ -125,13 +125,14 @@ soak: install
 
 ## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step, fan-out
 ## and named inputs (reads), then the model tests too large for `make test` (marked exhaustive);
-## CI runs it after `make test` (.ci/run), about 18 minutes on two cores
+## CI runs it after `make test` (.ci/run), about 22 minutes on two cores
 model-check: $(STAMP)
 	$(BIN)/pytest -q -ra -m exhaustive -n 2 tests/unit
 	$(BIN)/python -m model
 	$(BIN)/python -m model --retries 2 --extensions 0
 	$(BIN)/python -m model.fanout --no-traces
 	$(BIN)/python -m model.reads --no-traces
+	$(BIN)/python -m model --fix report-window --redelivery --extensions 0 --no-traces
 
 ## test-k8s: the worker chart against a real Kubernetes API server: etcd, kube-apiserver,
 ## kube-controller-manager and kube-scheduler built from pinned Go modules (cached in .stack/bin;

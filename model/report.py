@@ -53,6 +53,11 @@ def why_no_counterexample(cfg: Config, mechanism: str) -> str:
             "writes nothing: a stale attempt's COMPLETED is ignored, its task id being "
             "terminal. So fence #1 only saves work"
         )
+    if mechanism == "window-wait" and not cfg.report_window:
+        return (
+            "it belongs to the proposed fix report-window (issue 41), which this run does not "
+            "apply: --fix report-window --drop window-wait --redelivery shows F3 again (I4)"
+        )
     if mechanism == "noop-peek" and cfg.guarded_report:
         return (
             "with guarded-report (as coded) the no-op path always takes the branch lease, so "

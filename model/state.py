@@ -102,6 +102,8 @@ class State(NamedTuple):
     extending: int
     foreign: int  # foreign commits left
     attempts: tuple[Attempt | None, ...]
+    #: The fix report-window: attempts whose report window is open (a bit per slot).
+    windows: int = 0
 
 
 def slot_of(cfg: Config, task: int, poll: int) -> int:

@@ -61,7 +61,9 @@ def _finish(cfg: Config, a: Attempt, status: str, ref: int = NO_REF) -> Attempt:
 
     With guarded-report (as coded), a COMPLETED report goes first, under the lease.
     """
-    report_first = not a.leased or (status == COMPLETED and cfg.guarded_report)
+    report_first = not a.leased or (
+        status == COMPLETED and cfg.guarded_report and not cfg.report_window
+    )
     pc = "report" if report_first else "release"
     # Only what reporting needs survives, so equal futures share one state.
     return Attempt(pc, input_ref=a.input_ref, leased=a.leased, status=status, ref=ref)
@@ -218,8 +220,31 @@ def _noop_lease(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition
         return []  # waits for the holder to release or to go silent
     takeover = s.lease.holder not in (NO_REF, slot)
     label = "acquires the branch lease" + (" (takeover)" if takeover else "")
-    nxt = a._replace(pc="noop_fence" if _noop_under_lease(cfg) else "reread", leased=True)
+    pc = "noop_fence" if _noop_under_lease(cfg) else "reread"
+    if _waits_for_windows(cfg, slot):
+        pc = "noop_window_wait"
+    nxt = a._replace(pc=pc, leased=True)
     return [(slot, label, _put(s, slot, nxt, lease=granted), False)]
+
+
+def _waits_for_windows(cfg: Config, slot: int) -> bool:
+    """The fix report-window: a re-delivery waits out its task id's other report windows."""
+    return cfg.report_window and cfg.has("window-wait") and task_of(cfg, slot)[1] > 1
+
+
+def _window_wait(then: str) -> Step:
+    """Wait (holding the lease) until no other delivery of this task id may still report
+    COMPLETED: their windows closed, by their report or by their deadline."""
+
+    def step(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
+        task = task_of(cfg, slot)[0]
+        for other in range(cfg.slots):
+            if other != slot and task_of(cfg, other)[0] == task and s.windows >> other & 1:
+                return []
+        label = "re-delivery: no other delivery of its task id can still report COMPLETED"
+        return [(slot, label, _put(s, slot, a._replace(pc=then)), False)]
+
+    return step
 
 
 def _stage(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
@@ -246,7 +271,8 @@ def _stage(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
         marker=marker,
     )
     label += f"; commits {ref_name(cfg, staged_slot(slot))} on {ref_name(cfg, a.input_ref)}"
-    nxt = a._replace(pc="fence2", leased=cfg.leases)
+    pc = "window_wait" if cfg.leases and _waits_for_windows(cfg, slot) else "fence2"
+    nxt = a._replace(pc=pc, leased=cfg.leases)
     return [(slot, label, _put(s, slot, nxt, commits=commits, lease=granted), False)]
 
 
@@ -387,7 +413,16 @@ def _release(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
     released = lease.release(s.lease, slot)
     label = "releases the lease" if released != s.lease else "releases the lease (no longer its)"
     nxt = Attempt("done") if a.status == REPORTED else a._replace(pc="report")
-    return [(slot, label, _put(s, slot, nxt, lease=released), False)]
+    windows = s.windows
+    if cfg.report_window and a.status == COMPLETED:
+        # The window ends when the grant would have on the attempt's own clock: closed
+        # already if its clock says the grant is over, or it was taken over.
+        if not lease.guard(s.lease, slot):
+            windows |= 1 << slot
+            label += "; its report window opens"
+        else:
+            label += "; its report window is closed already (the grant was over)"
+    return [(slot, label, _put(s, slot, nxt, lease=released, windows=windows), False)]
 
 
 def _report(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
@@ -395,9 +430,16 @@ def _report(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
         return []  # waits for its extension in flight (report.TaskUpdates)
     label = ""
     under_lease = a.leased and a.status == COMPLETED and cfg.guarded_report
+    windowed = under_lease and cfg.report_window
+    under_lease = under_lease and not windowed
     if under_lease and lease.guard(s.lease, slot):
         label = f"guarded report refused ({lease.guard(s.lease, slot)}); "
         a = a._replace(status=FAILED, ref=NO_REF)
+    if windowed and not s.windows >> slot & 1:
+        label = "report window closed: COMPLETED refused; "
+        a = a._replace(status=FAILED, ref=NO_REF)
+    if windowed:
+        s = s._replace(windows=s.windows & ~(1 << slot))
     reported, effective = conductor.report(cfg, s, slot, a)
     what = a.status + (f" with output {ref_name(cfg, a.ref)}" if a.status == COMPLETED else "")
     verdict = "effective" if effective else "ignored: the task id is terminal"
@@ -430,6 +472,8 @@ _STEPS: dict[str, Step] = {
     "verify": _verify,
     "release": _release,
     "report": _report,
+    "window_wait": _window_wait("fence2"),
+    "noop_window_wait": _window_wait("noop_fence"),
 }
 
 

@@ -57,6 +57,7 @@ PROTECTS = {
     "noop-peek": None,
     "guarded-report": None,
     "serial-report": "I6",
+    "window-wait": None,  # a part of the proposed fix report-window (see its test)
 }
 
 #: One re-delivery of a task id, the smallest configuration that shows finding F3.
@@ -120,6 +121,24 @@ def test_a_redelivered_task_id_needs_the_guarded_report() -> None:
     unguarded = replace(REDELIVERY, drops=frozenset({"guarded-report"}))
     found = explore(unguarded, stop_at_first=True).violations
     assert [(v.invariant, len(v.steps)) for v in found] == [("I4", 14)]
+    assert "output r0 from r0, but the branch also carries its publication M[t0p2]" in (
+        found[0].message
+    )
+
+
+def test_the_proposed_report_window_keeps_f3_fixed_only_with_the_redelivery_wait() -> None:
+    """Issue 41's proposal: an attempt leaves the lease before its COMPLETED report and sends
+    it inside a window that ends with its grant; a re-delivery waits out the other
+    deliveries' windows after taking the lease. Without that wait, F3 is back (the stale
+    no-op delivery's COMPLETED lands while the re-delivery publishes)."""
+    windowed = replace(REDELIVERY, fixes=frozenset({"report-window"}))
+    result = explore(windowed)
+    assert result.ok, [v.message for v in result.violations]
+    assert {"window_wait", "noop_window_wait"} <= set(result.pcs)
+    assert explore(replace(windowed, same_diff=True, noop=False)).ok
+    unwaited = replace(windowed, drops=frozenset({"window-wait"}))
+    found = explore(unwaited, stop_at_first=True).violations
+    assert [(v.invariant, len(v.steps)) for v in found] == [("I4", 16)]
     assert "output r0 from r0, but the branch also carries its publication M[t0p2]" in (
         found[0].message
     )
