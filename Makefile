@@ -132,7 +132,7 @@ model-check: $(STAMP)
 	$(BIN)/python -m model --retries 2 --extensions 0
 	$(BIN)/python -m model.fanout --no-traces
 	$(BIN)/python -m model.reads --no-traces
-	$(BIN)/python -m model --fix report-window --redelivery --extensions 0 --no-traces
+	$(BIN)/python -m model --redelivery --extensions 0 --no-traces
 
 ## test-k8s: the worker chart against a real Kubernetes API server: etcd, kube-apiserver,
 ## kube-controller-manager and kube-scheduler built from pinned Go modules (cached in .stack/bin;

@@ -102,7 +102,7 @@ def _environment(cfg: Config, s: State) -> list[Transition]:
         label = f"the janitor deletes {holder}'s run-out lease record"
         out.append((JANITOR, label, s._replace(lease=deleted), False))
     for slot in range(cfg.slots):
-        if s.windows >> slot & 1:  # the fix report-window: the reporter paused past its end
+        if s.windows >> slot & 1:  # report windows: the reporter paused past its end
             label = f"{attempt_name(cfg, slot)}'s report window ends (its reporter is paused)"
             out.append((CLOCK, label, s._replace(windows=s.windows & ~(1 << slot)), False))
     return out

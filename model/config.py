@@ -32,25 +32,19 @@ MECHANISMS: dict[str, str] = {
     "guarded-report": "COMPLETED is not reported under the branch lease (the code before "
     "df3d7a7): the lease is released before the report, and the no-op path completes without "
     "it when it reads the lease free and the head unchanged (finding F3 with --redelivery)",
-    "window-wait": "with the fix report-window: a re-delivered attempt (poll count > 1) does "
-    "not wait, after taking the branch lease, until every other delivery's report window of "
-    "its task id has closed",
+    "report-window": "COMPLETED is reported under the branch lease and the lease released after "
+    "the report (the code from df3d7a7 until issue 41): an attempt does not leave the lease "
+    "before its report, and a grant ends at its members' last report",
+    "window-wait": "a re-delivered attempt (poll count > 1) does not wait, after taking the "
+    "branch lease, until every other delivery's report window of its task id has closed",
     "serial-report": "the final report does not wait for a response-timeout extension in "
     "flight (the code before dcbbee2): Conductor's unlocked read-modify-write lets the "
     "extension write IN_PROGRESS back over an accepted COMPLETED (issue 14)",
 }
 
 #: Changes to the protocol proposed before they are coded (docs/model-check.md): guarded-report
-#: (F3) was one until df3d7a7 (a mechanism now).
-FIXES: dict[str, str] = {
-    "report-window": "a COMPLETED attempt leaves the branch lease when it is done with the "
-    "branch, before its report, and sends COMPLETED only inside a report window that ends "
-    "when the grant would have on its own clock (closed at once if the grant was over or "
-    "taken); a re-delivered attempt (poll count > 1) waits, after taking the lease, until "
-    "every other delivery's window of its task id has closed (it waits the window's length "
-    "times the clock skew: no new window of its task id opens while it holds the lease). "
-    "Issue 41: a grant then ends at its last merge, not its last report",
-}
+#: (F3) was one until df3d7a7, report-window until issue 41 (mechanisms now). None is open.
+FIXES: dict[str, str] = {}
 
 #: How the foreign writer (not Perago) may commit to the target branch.
 FOREIGN_MODES = ("off", "outside-reset", "anytime")
@@ -130,8 +124,8 @@ class Config:
 
     @property
     def report_window(self) -> bool:
-        """The fix report-window: COMPLETED reported in a window after leaving the lease."""
-        return self.guarded_report and self.fixed("report-window")
+        """COMPLETED reported in a window after leaving the lease (issue 41), not under it."""
+        return self.guarded_report and self.has("report-window")
 
     @property
     def tasks(self) -> int:

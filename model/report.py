@@ -53,10 +53,17 @@ def why_no_counterexample(cfg: Config, mechanism: str) -> str:
             "writes nothing: a stale attempt's COMPLETED is ignored, its task id being "
             "terminal. So fence #1 only saves work"
         )
-    if mechanism == "window-wait" and not cfg.report_window:
+    if mechanism == "window-wait" and cfg.redeliveries == 0:
         return (
-            "it belongs to the proposed fix report-window (issue 41), which this run does not "
-            "apply: --fix report-window --drop window-wait --redelivery shows F3 again (I4)"
+            "it protects against a task id delivered twice (finding F3 with report windows): "
+            "--drop window-wait --redelivery shows F3 again (I4)"
+        )
+    if mechanism == "window-wait" and not cfg.report_window:
+        return "it is a part of report-window, which this run drops"
+    if mechanism == "report-window":
+        return (
+            "it changes when a grant ends, not what is safe: without it COMPLETED is reported "
+            "under the branch lease (the code from df3d7a7), which holds too"
         )
     if mechanism == "noop-peek" and cfg.guarded_report:
         return (

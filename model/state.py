@@ -102,7 +102,7 @@ class State(NamedTuple):
     extending: int
     foreign: int  # foreign commits left
     attempts: tuple[Attempt | None, ...]
-    #: The fix report-window: attempts whose report window is open (a bit per slot).
+    #: Report windows (issue 41): attempts whose window is open (a bit per slot).
     windows: int = 0
 
 

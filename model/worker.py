@@ -23,7 +23,13 @@ another head: acquire the lease (waiting; a run-out grant is taken over), re-run
 fence (fence #2) and decide on the head under it. The lease read and the head read are two
 steps, so everything can happen between them. ``--drop noop-peek`` gives the code before
 261b23b (decide on the head without reading the lease, take it only to relocate): F1.
-The proposed fixes (``Config.fixes``) change exactly the steps they name.
+The report (issue 41): a COMPLETED attempt leaves the lease before its report, opening a
+report window if its grant is still on; the report is refused once the window has closed,
+which a clock step may do at any moment (the reporter paused past its end); a re-delivery
+(poll count > 1) waits, after taking the lease, until no other delivery of its task id has
+a window open. ``--drop report-window`` gives the code from df3d7a7: COMPLETED reported under
+the lease, released after it. Proposed fixes (``Config.fixes``) change exactly the steps
+they name.
 """
 
 from __future__ import annotations
@@ -228,7 +234,7 @@ def _noop_lease(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition
 
 
 def _waits_for_windows(cfg: Config, slot: int) -> bool:
-    """The fix report-window: a re-delivery waits out its task id's other report windows."""
+    """Report windows (issue 41): a re-delivery waits out its task id's other report windows."""
     return cfg.report_window and cfg.has("window-wait") and task_of(cfg, slot)[1] > 1
 
 

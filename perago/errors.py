@@ -42,7 +42,8 @@ exception into an attempt's outcome.
     ├── WorkerShutdown              the worker is draining and the grace ran out
     └── LeaseEndedError             the branch lease no longer covers a write: stop writing
         ├── LeaseLostError          it belongs to someone else now
-        └── LeaseExpiringError      too little of it is left to start a guarded write
+        ├── LeaseExpiringError      too little of it is left to start a guarded write
+        └── ReportWindowClosedError too late to report COMPLETED after leaving it
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ __all__ = [
     "PredicateFailedError",
     "PublishFenceError",
     "RegistrationError",
+    "ReportWindowClosedError",
     "ResultValidationError",
     "ServiceError",
     "StackError",
@@ -283,3 +285,8 @@ class LeaseLostError(LeaseEndedError):
 
 class LeaseExpiringError(LeaseEndedError):
     """Too little of the lease is left to start a write safely (renew it first)."""
+
+
+class ReportWindowClosedError(LeaseEndedError):
+    """A COMPLETED report could not be sent inside the window its attempt opened by leaving
+    the branch lease: it reports FAILED, and the retry decides from the branch."""

@@ -45,6 +45,9 @@ MECHANISMS: dict[str, str] = {
     "group-scope": "group commit admits any publication into a group, whatever its scope and "
     "step (an overlapping writer or another attempt of a member's step shares the grant)",
     "turnstile": "group members read the head, decide and merge or reset without taking turns",
+    "report-window": "COMPLETED is reported under the branch lease and the lease released "
+    "after the report (the code from df3d7a7 until issue 41), instead of leaving the lease "
+    "first and reporting inside a report window",
     "handoff-readback": "a group member hands the next member's turn the merge commit as it "
     "builds it (first parent: the head its fence saw) whenever the hook's file is in the "
     "tree, instead of the commit lakeFS made, read back and checked to sit on that head "
@@ -141,6 +144,11 @@ class FanoutConfig:
 
     def has(self, mechanism: str) -> bool:
         return mechanism not in self.drops
+
+    @property
+    def report_window(self) -> bool:
+        """A COMPLETED attempt leaves the lease, then reports inside its window (issue 41)."""
+        return self.leases and self.has("report-window")
 
     @property
     def leases(self) -> bool:

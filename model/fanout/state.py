@@ -68,6 +68,8 @@ class Attempt(NamedTuple):
     read_at: int = ROOT
     #: The grant it holds or shares: the slot of the attempt that acquired it.
     grant: int = NO_REF
+    #: Its report window is open: it left the lease with COMPLETED to send (issue 41).
+    window: bool = False
 
 
 class State(NamedTuple):

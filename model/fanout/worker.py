@@ -5,10 +5,13 @@ beside disjoint siblings, the hook's re-fence, scoped replacement, post-publish 
 As in the serial model, each step is one atomic action on one shared object and private
 work is folded into the shared step next to it (staging, uploads and markers into the
 lease acquisition; the scoped replacement's private branch, reverts and merge into one
-step). As coded: a COMPLETED report is a guarded write under the lease and the no-op path
-always takes the lease (guarded-report), merges are guarded writes, a lost merge answer is
-looked up in the history and gets the post-publish check but no lease re-check. The hook's
-re-fence is not bounded to 4 tries (the head moves finitely often in the model anyway).
+step). As coded: a COMPLETED attempt leaves the lease, then reports inside the report window
+that opens (closed at once if its grant is over; closed by the clock while the reporter
+pauses: FAILED; issue 41, ``--drop report-window`` reports under the lease as df3d7a7 did),
+the no-op path always takes the lease (guarded-report), merges are guarded writes, a lost
+merge answer is looked up in the history and gets the post-publish check but no lease
+re-check. The hook's re-fence is not bounded to 4 tries (the head moves finitely often in
+the model anyway).
 
 Named inputs (issue 25): an unpinned attempt first reads the head (``start``): it reads its
 input folders there, and its input ref, where it stages, is that head or an earlier
@@ -75,8 +78,9 @@ def _put(s: State, slot: int, a: Attempt, **changes: Any) -> State:
 
 
 def _finish(cfg: FanoutConfig, a: Attempt, status: str, ref: int = NO_REF) -> Attempt:
-    """Report COMPLETED under the lease then release it; release first for FAILED."""
-    report_first = not a.leased or status == COMPLETED
+    """Leave the lease, then report (COMPLETED inside the report window that opens); with
+    ``--drop report-window``, COMPLETED is reported under the lease and released after."""
+    report_first = not a.leased or (status == COMPLETED and not cfg.report_window)
     pc = "report" if report_first else "release"
     return Attempt(
         pc, leased=a.leased, status=status, ref=ref, input_ref=a.input_ref, grant=a.grant
@@ -611,18 +615,41 @@ def _release(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transit
         label = "releases the lease"
         released = lease.release(held, a.grant)
     nxt = Attempt("done") if a.status == REPORTED else a._replace(pc="report")
+    if cfg.report_window and a.status == COMPLETED:
+        # The window ends when the grant would have: closed at once if it is over or taken.
+        why = lease.guard(held, a.grant)
+        if why:
+            label += f"; its report window is closed already ({why})"
+            nxt = a._replace(pc="report", leased=False, status=FAILED, ref=NO_REF)
+        else:
+            label += "; its report window opens"
+            nxt = a._replace(pc="report", leased=False, window=True)
     return [(slot, label, _put(s, slot, nxt, leases=_set_lease(cfg, s, slot, released)), False)]
 
 
 def _report(cfg: FanoutConfig, s: State, slot: int, a: Attempt) -> list[Transition]:
-    from model.fanout import conductor
-
+    """The final report; inside its window, COMPLETED or, the window having closed while the
+    reporter paused, FAILED (the retry decides from the branch)."""
+    if a.window:
+        late = a._replace(window=False, status=FAILED, ref=NO_REF)
+        return [
+            *_report_as(cfg, s, slot, a._replace(window=False), ""),
+            *_report_as(cfg, s, slot, late, "report window closed: COMPLETED refused; "),
+        ]
     label = ""
     under_lease = cfg.leases and a.leased and a.status == COMPLETED
     why = lease.guard(s.leases[_key(cfg, slot)], a.grant) if under_lease else ""
     if why:
         label = f"guarded report refused ({why}); "
         a = a._replace(status=FAILED, ref=NO_REF)
+    return _report_as(cfg, s, slot, a, label, under_lease=under_lease)
+
+
+def _report_as(
+    cfg: FanoutConfig, s: State, slot: int, a: Attempt, label: str, *, under_lease: bool = False
+) -> list[Transition]:
+    from model.fanout import conductor
+
     reported, effective = conductor.report(cfg, s, slot, a.status, a.ref, a.input_ref)
     what = a.status + (f" with output {ref_name(cfg, a.ref)}" if a.status == COMPLETED else "")
     label += f"reports {what} ({'effective' if effective else 'ignored: the task is terminal'})"

@@ -7,7 +7,7 @@ Deviations, each for a reason given where it is defined:
 
 - a task body's tries inside its attempt (:func:`body_retry_wait`);
 - the final report's re-sends until its read-back shows it (:func:`report_resends`);
-- a report sent under the branch lease (:func:`guarded_report`);
+- a COMPLETED report sent inside its report window (:func:`guarded_report`);
 - a read of the coordination store (:func:`coordination_reads`);
 - the worker's polls after Conductor failed to answer (:func:`poll_backoff`);
 - a merge lakeFS throttled, tried again under the branch lease (:data:`MERGE_TRIES`,
@@ -165,9 +165,9 @@ def guarded_report(
     patience: float,
     before_sleep: Callable[[RetryCallState], None],
 ) -> Retrying:
-    """A report sent under the branch lease, tried again on ``is_transient`` errors for
-    ``patience`` seconds (a Conductor restart). A deviation from :data:`WAIT`: the first
-    wait is 0.25 s, since siblings wait for the lease this report holds."""
+    """A COMPLETED report sent inside its report window, tried again on ``is_transient``
+    errors for ``patience`` seconds (the rest of the window). A deviation from :data:`WAIT`:
+    the first wait is 0.25 s, since the window is short."""
     return Retrying(
         retry=retry_if_exception(is_transient),
         stop=stop_after_delay(patience),

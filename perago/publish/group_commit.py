@@ -36,24 +36,37 @@ import structlog
 
 from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.core.store import Commit
-from perago.errors import LeaseBusyError
+from perago.errors import LeaseBusyError, LeaseEndedError
 from perago.publish.identity import AttemptIdentity
 from perago.publish.scope import overlaps
 from perago.telemetry import metrics
 
-__all__ = ["MAX_MEMBERS", "MAX_SECONDS", "GroupMember", "LeaseGroups"]
+__all__ = [
+    "MAX_MEMBERS",
+    "MAX_SECONDS",
+    "REPORT_SEND_SECONDS",
+    "REPORT_WINDOW_SECONDS",
+    "GroupMember",
+    "LeaseGroups",
+]
 
 log = structlog.get_logger("perago.publish")
 T = TypeVar("T")
 
 #: A group admits at most this many publications, and only this long after it took the lease:
-#: then it closes, ends when its members have reported, and the lease is up for any process.
+#: then it closes, ends when its members have left (before their reports), and the lease is
+#: up for any process.
 MAX_MEMBERS = 64
 MAX_SECONDS = 2.0
 #: How often the process's waiter for a busy lease reads its record.
 POLL_SECONDS = 0.1
 #: A member waiting for its turn wakes this often, so that the drain's interrupt reaches it.
 TURN_SLICE_SECONDS = 0.5
+#: A report window: how long after an attempt left the branch lease its COMPLETED may still
+#: land on Conductor. It is sent in the first ``REPORT_SEND_SECONDS`` of it (the rest is for a
+#: request in flight); a re-delivery waits the window's length times the clock-skew rate.
+REPORT_WINDOW_SECONDS = 10.0
+REPORT_SEND_SECONDS = 8.0
 
 
 class _Group:
@@ -304,6 +317,34 @@ class GroupMember:
             self.group.turns.notify()
         self.turn_held = time.monotonic() - self._turn_taken
         metrics.BRANCH_TURN_SECONDS.labels("held").observe(self.turn_held)
+
+    def open_report_window(self) -> float:
+        """The deadline (``time.monotonic()``) by which this member's COMPLETED report must be
+        sent, opened as it leaves the grant (docs/protocol.md, report windows): at most
+        ``REPORT_SEND_SECONDS`` from now, and over before the grant would end on this
+        process's clock, less the lease's safety margin (renewed first if half of it is
+        gone). Already past when the grant is lost or over: the attempt reports FAILED."""
+        lease, now = self.group.lease, time.monotonic()
+        try:
+            self.refresh()
+        except LeaseEndedError:
+            return now
+        left = lease.manager.time_left(lease.grant) - lease.manager.margin
+        return now + max(0.0, min(REPORT_SEND_SECONDS, left))
+
+    def wait_out_report_windows(self) -> float:
+        """For a re-delivered attempt, holding its share of a grant: wait until every other
+        delivery's report window of its task id has closed, whatever that delivery's clock
+        (the window's length times the clock-skew rate). Each of those windows opened before
+        this grant was taken, and none opens while it is held (a step never shares a grant).
+        Renews the grant as it waits; returns the seconds waited."""
+        lease = self.group.lease
+        wait = REPORT_WINDOW_SECONDS * lease.manager.skew
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, TURN_SLICE_SECONDS))  # slices: the drain's interrupt
+            self.refresh()
+        return wait
 
     def release(self) -> None:
         """Leave the group; the last member to leave releases the grant before returning."""

@@ -737,6 +737,12 @@ class Publisher:
             return
         lease = early.take() if early is not None else self._take_lease(me, target)
         try:
+            if me.poll_count > 1:
+                # Another delivery of this task id may have left the lease with its COMPLETED
+                # still to send: wait until its report window has closed (docs/protocol.md).
+                log.info("report_windows_waiting", poll_count=me.poll_count)
+                waited = lease.wait_out_report_windows()
+                log.info("report_windows_waited_out", seconds=round(waited, 1))
             steps.reached(Boundary.AFTER_LEASE, me)
             yield lease
         except BaseException:

@@ -23,11 +23,16 @@ from perago._api.context import AttemptControl
 from perago._api.task import TaskDefinition
 from perago.config import Settings
 from perago.coord.branch_leases import BranchLeases
-from perago.coord.errors import LeaseEndedError
 from perago.core.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.core.retry_policy import poll_backoff
 from perago.core.store import VersionStore
-from perago.errors import ConfigError, Interrupt, PeragoError, WorkerShutdown
+from perago.errors import (
+    ConfigError,
+    Interrupt,
+    PeragoError,
+    ReportWindowClosedError,
+    WorkerShutdown,
+)
 from perago.publish.transaction import release_lease
 from perago.telemetry import metrics, steps, tracing
 from perago.telemetry.failure_text import bounded_traceback, describe
@@ -36,7 +41,7 @@ from perago.worker import failpoints, lineage_events
 from perago.worker.async_bodies import AsyncBodies, Running
 from perago.worker.health import HealthServer
 from perago.worker.recovery import AttemptRecords, recover
-from perago.worker.report import Landing, TaskUpdates, delivered_again, under_lease
+from perago.worker.report import Landing, TaskUpdates, delivered_again, within_window
 from perago.worker.runtime import AttemptRunner, Finished, outcome_of
 
 __all__ = ["Worker"]
@@ -542,9 +547,9 @@ class Worker:
                 return
 
     def _report(self, snapshot: TaskSnapshot, finished: Finished, updates: TaskUpdates) -> None:
-        """Report the outcome; COMPLETED under the publication's branch lease, if it holds
-        one, which is released right after: a delivery that lost it must not report COMPLETED
-        (docs/model-check.md, re-delivery)."""
+        """Report the outcome. A publication that holds the branch lease leaves it first and
+        sends COMPLETED inside the report window that opens (FAILED once it has closed: a
+        re-delivery of the task id may be publishing then; docs/model-check.md, F3)."""
         outcome, lease = finished.outcome, finished.lease
         fields = {
             "workflow_id": snapshot.workflow_id,
@@ -561,9 +566,17 @@ class Worker:
             self._orchestrator.report(snapshot, outcome, worker_id=worker_id)
 
         if lease is not None and outcome.status == "COMPLETED":
+            # Done with the branch: leave the grant now, so that the next publication need
+            # not wait for Conductor's answer, and send COMPLETED inside the report window
+            # this opens (a re-delivery of the task id waits the window out before it
+            # publishes; docs/protocol.md).
+            deadline = lease.open_report_window()
+            with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):
+                release_lease(lease, wait=True)  # killed after its report: nothing held
+            lease = None
             http = self._settings.http_timeout.total_seconds()
-            send = under_lease(
-                lease,
+            send = within_window(
+                deadline,
                 lambda budget: self._orchestrator.report(
                     snapshot, outcome, worker_id=worker_id, timeout=min(budget, http)
                 ),
@@ -571,19 +584,18 @@ class Worker:
         try:
             try:
                 landed = updates.report(outcome.status, send)
-            except LeaseEndedError as e:
-                # Another delivery of this task id holds the branch now: whatever this one
-                # published, its COMPLETED might contradict the branch. FAILED, unless that
-                # delivery is live: then nothing (one rule, ``_delivered_again``).
-                log.warning("guarded_report_refused", error=str(e), **fields)
+            except ReportWindowClosedError as e:
+                # A re-delivery of this task id may be publishing now: whatever this
+                # delivery published, its COMPLETED might contradict the branch. FAILED,
+                # unless that delivery is live: then nothing (one rule, ``_delivered_again``).
+                log.warning("guarded_report_refused", error=e.message, **fields)
                 fields["status"] = "FAILED"
                 if self._delivered_again(snapshot, fields):
                     return
-                metrics.REPORT_PROBLEMS.labels("report_lease_lost").inc()
+                metrics.REPORT_PROBLEMS.labels("report_window_closed").inc()
                 failed = Outcome(
                     "FAILED",
-                    reason=f"the branch lease was lost before the COMPLETED report ({e}); the "
-                    "retry decides from the branch",
+                    reason=f"{e.message}; the retry decides from the branch",
                 )
                 landed = updates.report(
                     "FAILED",
@@ -599,7 +611,7 @@ class Worker:
             log.error("report_failed", error=describe(e), traceback=bounded_traceback(e), **fields)
             return
         finally:
-            if lease is not None:
+            if lease is not None:  # a publication that did not complete
                 with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):
                     release_lease(lease, wait=True)
         if landed is Landing.LANDED:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections.abc import Callable
 
 import structlog
@@ -19,11 +20,11 @@ from tenacity import RetryCallState, RetryError
 
 from perago.core.orchestrator import TaskSnapshot
 from perago.core.retry_policy import guarded_report, report_resends
-from perago.errors import OrchestratorError
-from perago.publish.group_commit import GroupMember
+from perago.errors import OrchestratorError, ReportWindowClosedError
+from perago.publish import group_commit
 from perago.telemetry import metrics
 
-__all__ = ["Landing", "TaskUpdates", "delivered_again", "landing", "under_lease"]
+__all__ = ["Landing", "TaskUpdates", "delivered_again", "landing", "within_window"]
 
 log = structlog.get_logger("perago.worker.report")
 
@@ -116,19 +117,33 @@ class TaskUpdates:
             return Landing.RESEND
 
 
-def under_lease(
-    lease: GroupMember, send: Callable[[float], None], *, patience: float = 120.0
+def within_window(
+    deadline: float, send: Callable[[float], None], *, clock: Callable[[], float] = time.monotonic
 ) -> Callable[[], None]:
-    """``send(timeout)`` as a guarded write under the branch lease (renewed first when half
-    its ttl is gone), retried on transient errors while the lease holds, for ``patience``
-    seconds (a Conductor restart). LeaseLostError: another delivery took the branch, so this
-    one must not report COMPLETED: the branch may contradict it (docs/model-check.md)."""
+    """``send(timeout)`` only before ``deadline`` (this process's monotonic clock), each try's
+    timeout ending at it, tried again on transient errors (unreachable, 5xx, 429) until then.
+    ReportWindowClosedError once it has passed: a re-delivery of this task id may be
+    publishing by then, so this delivery must not report COMPLETED (docs/protocol.md,
+    report windows)."""
 
     def transient(e: BaseException) -> bool:
-        """Unreachable or 5xx/429: ride out a restart while the lease holds."""
         return isinstance(e, OrchestratorError) and (
             not e.status or e.status >= 500 or e.status == 429
         )
+
+    def closed(last: str) -> ReportWindowClosedError:
+        return ReportWindowClosedError(
+            "the report window closed before Conductor took the COMPLETED report (a window "
+            f"is at most {group_commit.REPORT_SEND_SECONDS:g} s and ends with the branch lease "
+            f"grant the attempt published under; {last}): if Conductor is down or slow, check "
+            "its health"
+        )
+
+    def send_once() -> None:
+        left = deadline - clock()
+        if left <= 0:
+            raise closed("no try left")
+        send(left)
 
     def logged(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -137,11 +152,13 @@ def under_lease(
             "report_send_failed", error=getattr(error, "message", str(error)), retry_in=wait
         )
 
-    def send_once() -> None:
-        lease.refresh()  # renewed first when half its ttl is gone
-        lease.guarded(send)
-
     def guarded_send() -> None:
-        guarded_report(transient, patience=patience, before_sleep=logged)(send_once)
+        patience = max(0.0, deadline - clock())
+        try:
+            guarded_report(transient, patience=patience, before_sleep=logged)(send_once)
+        except OrchestratorError as e:
+            if transient(e):  # tried until the window closed
+                raise closed(f"last error: {e.message}") from e
+            raise
 
     return guarded_send

@@ -111,8 +111,8 @@ Steps = Generator[AsyncBody, Any, "Finished"]
 @dataclass(frozen=True)
 class Finished:
     """How an attempt ended: its outcome and, after a publication, the branch lease that
-    guarded it, still held: the worker reports COMPLETED under it, then releases it
-    (docs/model-check.md, re-delivery). The orchestrator only ever sees the outcome."""
+    guarded it, still held: the worker leaves it as it reports COMPLETED, which opens the
+    report window (docs/protocol.md). The orchestrator only ever sees the outcome."""
 
     outcome: Outcome
     lease: GroupMember | None = None
@@ -238,7 +238,7 @@ class AttemptRunner:
         left on it, for the worker to close once the outcome is reported: deleting thousands
         of files is not part of the task's duration (a crash in between leaves the attempt
         record, whose recovery removes the directory). Without it, removed before returning,
-        and the publication's lease is released (nobody reports under it).
+        and the publication's lease is released (no report follows).
         """
         if after_report is None:
             with contextlib.ExitStack() as cleanup:

@@ -69,7 +69,7 @@ def test_kill_at_failpoint_then_recover(
     with worker(env, tmp_path / "fresh.log") as fresh:
         wf = wait_workflow(conductor, wid, timeout=120, nudge=True)
         if point != "after_complete":
-            # The lease is released after the report (finding F3): once the worker says so.
+            # The worker says it reported (it left the lease before: report windows).
             fresh.wait_for("attempt_reported", status="COMPLETED")
     assert wf["status"] == "COMPLETED"
     steps = attempts(wf, "step")

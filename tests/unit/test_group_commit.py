@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +24,7 @@ from perago.errors import (
     PeragoError,
     PublishFenceError,
 )
-from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget
+from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget, group_commit
 from perago.publish.expected_head_hook import install, installed
 from perago.publish.group_commit import GroupMember, LeaseGroups
 from perago.telemetry import steps
@@ -553,3 +554,42 @@ def test_a_foreign_commit_after_a_handed_over_head_is_refused(
     assert len(over) == (0 if runs_hooks else 1), [c.message for c in over]
     publications = [c for c in history if c.metadata.get("perago.kind") == "publication"]
     assert len(publications) == 1 + len(over)
+
+
+def test_a_redelivered_attempt_waits_out_the_report_windows_before_it_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Report windows (F3, docs/protocol.md): a delivery with poll count 2 holds its share of
+    the grant for the window's length times the clock-skew rate before its fence #2 (an
+    earlier delivery of its task id may still land a COMPLETED); a first delivery does not
+    wait. Both publish once."""
+    monkeypatch.setattr(group_commit, "REPORT_WINDOW_SECONDS", 0.4)
+    store = HookedStore()
+    store.create_repository("r")
+    base = store.branch_head("r", "main")
+    first, again = ident("p0", "parts/p=0/"), replace(ident("p1", "parts/p=1/"), poll_count=2)
+    publisher = Publisher(
+        store,
+        _FlippingLedger([snap(first), snap(again)], ""),
+        worker_id="w",
+        leases=CountingLeases(),
+    )
+    fenced: dict[str, float] = {}
+
+    def at_fence(boundary: Boundary, attempt: steps.Attempt) -> None:
+        if boundary is Boundary.AFTER_LEASE:
+            fenced[attempt.task_id] = time.monotonic()
+
+    remove = steps.observe(at_fence)
+    started = time.monotonic()
+    try:
+        with capture_logs() as logs:
+            results = _publish_all(publisher, [first, again], base, tmp_path)
+    finally:
+        remove()
+    assert all(isinstance(r, str) for r in results.values()), results
+    assert [e["seconds"] for e in logs if e["event"] == "report_windows_waited_out"] == [0.6]
+    assert fenced[again.task_id] - started >= 0.6  # 0.4 s x the default skew rate 1.5
+    assert fenced[first.task_id] - started < 0.6
+    history = store.log("r", "main", amount=5)
+    assert sum(c.metadata.get("perago.kind") == "publication" for c in history) == 2

@@ -57,7 +57,8 @@ PROTECTS = {
     "noop-peek": None,
     "guarded-report": None,
     "serial-report": "I6",
-    "window-wait": None,  # a part of the proposed fix report-window (see its test)
+    "report-window": None,  # when a grant ends, not what is safe (reports under the lease)
+    "window-wait": None,  # with re-deliveries: I4 (see its test)
 }
 
 #: One re-delivery of a task id, the smallest configuration that shows finding F3.
@@ -126,12 +127,14 @@ def test_a_redelivered_task_id_needs_the_guarded_report() -> None:
     )
 
 
-def test_the_proposed_report_window_keeps_f3_fixed_only_with_the_redelivery_wait() -> None:
-    """Issue 41's proposal: an attempt leaves the lease before its COMPLETED report and sends
-    it inside a window that ends with its grant; a re-delivery waits out the other
-    deliveries' windows after taking the lease. Without that wait, F3 is back (the stale
-    no-op delivery's COMPLETED lands while the re-delivery publishes)."""
-    windowed = replace(REDELIVERY, fixes=frozenset({"report-window"}))
+def test_report_windows_keep_f3_fixed_only_with_the_redelivery_wait() -> None:
+    """Issue 41: an attempt leaves the lease before its COMPLETED report and sends it inside
+    a window that ends with its grant; a re-delivery waits out the other deliveries' windows
+    after taking the lease. Without that wait, F3 is back (the stale no-op delivery's
+    COMPLETED lands while the re-delivery publishes); reporting under the lease instead (the
+    code from df3d7a7) holds too."""
+    windowed = REDELIVERY
+    assert explore(replace(windowed, drops=frozenset({"report-window"}))).ok
     result = explore(windowed)
     assert result.ok, [v.message for v in result.violations]
     assert {"window_wait", "noop_window_wait"} <= set(result.pcs)
@@ -150,7 +153,7 @@ def test_the_proposed_report_window_keeps_f3_fixed_only_with_the_redelivery_wait
 def test_an_extension_overlapping_the_report_undoes_the_completion_without_serial_updates() -> None:
     """Issue 14: the lost COMPLETED, as the real server shows it (test_report.py)."""
     found = explore(Config(drops=frozenset({"serial-report"})), stop_at_first=True).violations
-    assert [(v.invariant, len(v.steps)) for v in found] == [("I6", 9)]
+    assert [(v.invariant, len(v.steps)) for v in found] == [("I6", 10)]
     assert "was COMPLETED and is IN_PROGRESS again" in found[0].message
     assert explore(replace(QUIET, drops=frozenset({"serial-report"}))).ok  # nothing overlaps
 

@@ -41,6 +41,13 @@ def test_a_disjoint_fork_as_coded_holds_and_the_retry_reaches_the_scoped_replace
     assert {"scoped", "merge", "reset", "tag"} <= result.pcs
 
 
+def test_reporting_under_the_lease_instead_of_in_a_window_holds_too() -> None:
+    """Issue 41: leaving the lease before the report (a window the clock may close, then
+    FAILED and a retry) is as safe as the code from df3d7a7 that reported under the lease."""
+    result = explore(FanoutConfig(**{**DISJOINT.__dict__, "drops": frozenset({"report-window"})}))
+    assert result.ok, [v.message for v in result.violations]
+
+
 def test_an_overlapping_fork_as_coded_holds() -> None:
     result = explore(OVERLAPPING)
     assert result.ok, [v.message for v in result.violations]

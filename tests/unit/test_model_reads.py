@@ -57,8 +57,8 @@ A0_PUBLISHES = (
     ("A0", "refreshes"),
     ("A0", "merges"),
     ("A0", "re-checks"),
+    ("A0", "releases"),  # its report window opens (issue 41)
     ("A0", "reports COMPLETED"),
-    ("A0", "releases"),
 )
 B0_TO_THE_FENCE = (
     ("B0", "fence #1"),
@@ -77,8 +77,8 @@ B0_PUBLISHES_A0_CHANGES_ITS_INPUT = (
     ("B0", "merges"),
     ("Conductor", "B0 times out"),
     ("B0", "re-checks"),
-    ("B0", "reports COMPLETED"),
     ("B0", "releases"),
+    ("B0", "reports COMPLETED"),
     A0_PUBLISHES[1],
     ("A0", "no ref"),
     *A0_PUBLISHES[2:],
@@ -159,6 +159,7 @@ def test_finding_f7_fixed_a_retry_after_a_lost_report_reads_the_new_input_and_pu
         ("B1", "refreshes"),
         ("B1", "merges"),
         ("B1", "re-checks"),
+        ("B1", "releases"),
         ("B1", "reports COMPLETED"),
     )
     assert labels[1].endswith(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 import pytest
 
 from perago.core.orchestrator import TaskSnapshot
-from perago.errors import LeaseLostError, OrchestratorError
-from perago.worker.report import Landing, TaskUpdates, landing, under_lease
+from perago.errors import OrchestratorError, ReportWindowClosedError
+from perago.worker.report import Landing, TaskUpdates, landing, within_window
 
 DELIVERY = TaskSnapshot(
     task_id="t0",
@@ -117,26 +118,12 @@ def test_a_later_delivery_owning_the_task_stops_the_resends() -> None:
     assert task.sends == ["COMPLETED"]
 
 
-class _Lease:
-    """A branch lease whose guarded write just runs; counts renewals, can be lost."""
-
-    def __init__(self, lost_after: int | None = None) -> None:
-        self.refreshed = 0
-        self.lost_after = lost_after
-
-    def refresh(self) -> None:
-        self.refreshed += 1
-        if self.lost_after is not None and self.refreshed > self.lost_after:
-            raise LeaseLostError("another delivery took the branch")
-
-    def guarded(self, write):  # type: ignore[no-untyped-def]
-        return write(5.0)
-
-
-def test_a_report_under_the_lease_rides_out_transient_errors_and_nothing_else() -> None:
-    """Issue 42 (one retry policy): the guarded report's tries come from retry_policy.
-    Unreachable/5xx/429 are tried again (the lease renewed before each try); a 4xx, a lost
-    lease, or errors past the patience end it at once."""
+def test_a_report_in_its_window_rides_out_transient_errors_and_nothing_else() -> None:
+    """Issue 42 (one retry policy), report windows (issue 41): unreachable/5xx/429 are tried
+    again while the window is open, each try's timeout ending at its end; a 4xx ends it at
+    once; a window that closes first raises ReportWindowClosedError, and a closed window
+    sends nothing."""
+    now = [0.0]
     answers: list[OrchestratorError | None] = [
         OrchestratorError("no answer"),
         OrchestratorError("busy", status=503),
@@ -146,28 +133,26 @@ def test_a_report_under_the_lease_rides_out_transient_errors_and_nothing_else() 
 
     def send(timeout: float) -> None:
         sent.append(timeout)
+        now[0] += 1.0
         answer = answers.pop(0)
         if answer is not None:
             raise answer
 
-    lease = _Lease()
-    under_lease(lease, send, patience=30)()  # type: ignore[arg-type]
-    assert len(sent) == 3 and lease.refreshed == 3
+    within_window(8.0, send, clock=lambda: now[0])()
+    assert len(sent) == 3 and sent[0] == 8.0 and all(t <= 8.0 - i for i, t in enumerate(sent))
 
-    refused = _Lease()
     with pytest.raises(OrchestratorError, match="bad request"):
-        under_lease(refused, _failing(400), patience=30)()  # type: ignore[arg-type]
-    assert refused.refreshed == 1
-
-    lost = _Lease(lost_after=1)
-    with pytest.raises(LeaseLostError):
-        under_lease(lost, _failing(503), patience=30)()  # type: ignore[arg-type]
-    assert lost.refreshed == 2
+        within_window(time.monotonic() + 60, _failing(400))()
 
     tries: list[float] = []
-    with pytest.raises(OrchestratorError, match="bad request"):
-        under_lease(_Lease(), _failing(503, tries), patience=0.5)()  # type: ignore[arg-type]
-    assert len(tries) >= 2  # tried again, then the patience ran out (no clock asserted)
+    with pytest.raises(ReportWindowClosedError, match="report window closed"):
+        within_window(time.monotonic() + 0.5, _failing(503, tries))()
+    assert len(tries) >= 1  # tried while it was open, then refused
+
+    closed: list[float] = []
+    with pytest.raises(ReportWindowClosedError):
+        within_window(time.monotonic() - 1, _failing(503, closed))()
+    assert closed == []
 
 
 def _failing(status: int, tries: list[float] | None = None):  # type: ignore[no-untyped-def]

@@ -11,9 +11,10 @@ import structlog
 from pydantic import BaseModel
 
 from perago import WorkspaceSpec, config, task
-from perago.coord.branch_leases import HeldLease
 from perago.core.orchestrator import Outcome
 from perago.errors import OrchestratorError, WorkerShutdown
+from perago.publish import AttemptIdentity
+from perago.publish.group_commit import GroupMember, LeaseGroups
 from perago.telemetry import metrics
 from perago.testing import MemoryStore, StubOrchestrator
 from perago.worker import Worker
@@ -30,7 +31,7 @@ def _body(workspace: Path, params: _P) -> _P:
 
 
 class Runner:
-    def __init__(self, action: BaseException | Outcome, lease: HeldLease | None = None) -> None:
+    def __init__(self, action: BaseException | Outcome, lease: GroupMember | None = None) -> None:
         self.action = action
         self.lease = lease
 
@@ -104,7 +105,7 @@ def test_a_report_that_fails_is_logged_and_counted(
     assert any(e["event"] == "report_failed" for e in logs)
 
 
-# -- the guarded report (model-check finding F3) ----------------------------------------------
+# -- the report window (model-check finding F3, issue 41) -------------------------------------
 
 
 def _branch_leases() -> tuple[Any, list[float]]:
@@ -125,71 +126,104 @@ def _branch_leases() -> tuple[Any, list[float]]:
     return BranchLeases.shared(manager, wait=timedelta(seconds=30)), clock
 
 
+def _member(leases: Any, task_id: str = "t0") -> GroupMember:
+    """A publication's share of the branch lease, as the publisher hands it on."""
+    me = AttemptIdentity("wf", "step", task_id, 0, 1, "tt", scope="data/")
+    return LeaseGroups(leases).acquire("r", "main", f"{task_id}-p1", me)
+
+
 class HolderWatchingStub(StubOrchestrator):
-    """Records who holds the branch lease while each report is sent."""
+    """Records who holds the branch lease, and the timeout, of each report sent."""
 
     def __init__(self, leases: Any) -> None:
         super().__init__()
         self.leases = leases
         self.holders: list[str | None] = []
+        self.timeouts: list[float | None] = []
 
     def report(self, task: Any, outcome: Outcome, *, worker_id: str, **kw: Any) -> None:
-        self.holders.append(self.leases.manager("r").holder("branches/r/main"))
+        holder = self.leases.manager("r").holder("branches/r/main")
+        self.holders.append(holder.owner if holder else None)
+        self.timeouts.append(kw.get("timeout"))
         super().report(task, outcome, worker_id=worker_id, **kw)
 
 
-def test_completed_is_reported_under_the_branch_lease_which_is_released_after(
+def test_completed_leaves_the_branch_lease_first_and_is_sent_inside_its_window(
     tmp_path: Path,
 ) -> None:
+    """The grant ends at the publication, not at Conductor's answer: the lease is free when
+    COMPLETED is sent, with a timeout that ends with the window (at most 8 s, and before the
+    grant would end less its safety margin: ttl 4 s, margin 0.8 s)."""
     leases, _ = _branch_leases()
-    held = leases.acquire("r", "main", "t0-p1")
     conductor = HolderWatchingStub(leases)
-    _attempt(conductor, Runner(Outcome("COMPLETED"), held), tmp_path)
+    _attempt(conductor, Runner(Outcome("COMPLETED"), _member(leases)), tmp_path)
     assert [u.outcome.status for u in conductor.reports() if u.outcome] == ["COMPLETED"]
-    assert [h.owner if h else None for h in conductor.holders] == ["t0-p1"]
-    assert not leases.held("r", "main")  # released after the report
+    assert conductor.holders == [None]
+    [timeout] = conductor.timeouts
+    assert timeout is not None and 0 < timeout <= 3.2
 
 
-def test_a_delivery_that_lost_the_branch_lease_reports_failed_not_completed(
-    tmp_path: Path,
-) -> None:
-    """F3: the task id was delivered again and the other delivery took the branch over; this
-    one's COMPLETED could contradict what the branch will say, so it reports FAILED."""
-    leases, clock = _branch_leases()
-    held = leases.acquire("r", "main", "t0-p1")
+def _taken_over(leases: Any, clock: list[float]) -> GroupMember:
+    """p1's share of a grant that ran out while p1 paused, and p2 took the lease over."""
+    held = _member(leases)
     leases.manager("r").is_expired(leases.manager("r").records()[0])  # the taker watches...
     clock[0] += 10  # ...past the takeover time (ttl 4 s x 1.5): p1 paused, p2 takes over
     leases.acquire("r", "main", "t0-p2")
-    before = _count("report_lease_lost")
+    return held
+
+
+def test_a_delivery_whose_window_never_opened_reports_failed_not_completed(
+    tmp_path: Path,
+) -> None:
+    """F3: its grant ran out and another delivery of the task id took the branch over; this
+    one's COMPLETED could contradict what the branch will say, so it reports FAILED."""
+    leases, clock = _branch_leases()
+    held = _taken_over(leases, clock)
+    before = _count("report_window_closed")
     conductor = StubOrchestrator()
     with structlog.testing.capture_logs() as logs:
         _attempt(conductor, Runner(Outcome("COMPLETED"), held), tmp_path)
     [report] = [u.outcome for u in conductor.reports() if u.outcome]
-    assert report.status == "FAILED" and "branch lease was lost" in report.reason
-    assert _count("report_lease_lost") == before + 1
+    assert report.status == "FAILED" and "report window closed" in report.reason
+    assert _count("report_window_closed") == before + 1
     assert any(e["event"] == "guarded_report_refused" for e in logs)
-    assert leases.held("r", "main")  # p2's lease is untouched
+    holder = leases.manager("r").holder("branches/r/main")
+    assert holder and holder.owner == "t0-p2"  # p2's lease is untouched
 
 
-def test_a_delivery_that_lost_the_lease_to_a_live_delivery_sends_no_report(
+def test_a_completed_that_conductor_does_not_take_in_its_window_becomes_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Conductor answers 503 for longer than the window: COMPLETED is not sent after it (a
+    re-delivery may be publishing by then); FAILED once Conductor answers again."""
+    from perago.publish import group_commit
+
+    monkeypatch.setattr(group_commit, "REPORT_SEND_SECONDS", 0.5)
+    leases, _ = _branch_leases()
+    conductor = StubOrchestrator()
+    conductor.fail("report", error=OrchestratorError("busy", status=503), times=2)
+    _attempt(conductor, Runner(Outcome("COMPLETED"), _member(leases)), tmp_path)
+    *lost, report = [u.outcome for u in conductor.reports() if u.outcome]
+    assert [o.status for o in lost] == ["COMPLETED", "COMPLETED"]  # both answered 503
+    assert report.status == "FAILED" and "report window closed" in report.reason
+
+
+def test_a_delivery_whose_window_closed_to_a_live_delivery_sends_no_report(
     tmp_path: Path,
 ) -> None:
     """One rule for a superseded report: when the task id is IN_PROGRESS under another
     delivery, this one sends no FAILED (it would end the task under the live delivery and
-    spend a retry), after a lost lease as after a failed attempt; counted apart from the
-    lease lost with nobody else on the task (``report_lease_lost``)."""
+    spend a retry), after a closed window as after a failed attempt; counted apart from the
+    window closed with nobody else on the task (``report_window_closed``)."""
     leases, clock = _branch_leases()
-    held = leases.acquire("r", "main", "t0-p1")
-    leases.manager("r").is_expired(leases.manager("r").records()[0])
-    clock[0] += 10
-    leases.acquire("r", "main", "t0-p2")
-    skipped, lost = _count("report_skipped_delivered_again"), _count("report_lease_lost")
+    held = _taken_over(leases, clock)
+    skipped, closed = _count("report_skipped_delivered_again"), _count("report_window_closed")
     conductor = StubOrchestrator()
     with structlog.testing.capture_logs() as logs:
         _attempt(conductor, Runner(Outcome("COMPLETED"), held), tmp_path, delivered_again=True)
     assert [u.outcome for u in conductor.reports() if u.outcome] == []
     assert _count("report_skipped_delivered_again") == skipped + 1
-    assert _count("report_lease_lost") == lost
+    assert _count("report_window_closed") == closed
     assert any(e["event"] == "report_skipped_delivered_again" for e in logs)
 
 
