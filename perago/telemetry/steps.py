@@ -47,6 +47,7 @@ class Boundary(StrEnum):
     AFTER_PUBLISH_FENCE = "after_publish_fence"
     BEFORE_RESET = "before_reset"
     AFTER_PUBLISH = "after_publish"
+    BEFORE_REPORT = "before_report"
     AFTER_COMPLETE = "after_complete"
 
 

@@ -574,6 +574,7 @@ class Worker:
             with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):
                 release_lease(lease, wait=True)  # killed after its report: nothing held
             lease = None
+            steps.reached(Boundary.BEFORE_REPORT, snapshot)
             http = self._settings.http_timeout.total_seconds()
             send = within_window(
                 deadline,

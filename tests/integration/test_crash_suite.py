@@ -95,3 +95,38 @@ def test_kill_at_failpoint_then_recover(
     assert done.returncode == 0, done.stderr
     assert staging_branches(store, repo) == []
     assert leases.records() == []  # released leases are tidied away too
+
+
+def test_a_report_paused_past_its_window_fails_and_the_retry_decides_from_the_branch(
+    make_env: Callable[..., dict[str, str]],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Report windows (issue 41): a worker that left the branch lease and then paused past
+    its report window (lease ttl 4 s here: a window of about 3 s) sends no late COMPLETED;
+    it reports FAILED, and the retry decides from the branch: it replaces the abandoned
+    publication with its own, so the step is on the branch once. Really paused, against the
+    real servers."""
+    env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="30", PERAGO_JANITOR_ON_START="false")
+    name = f"pt_wf_window_{unique}"
+    one_step(conductor, name, f"pt_write_{unique}", {"files": {"w.txt": "window"}})
+    input_ref = store.branch_head(repo, "main")
+    wid = start(conductor, name, repo, ref=input_ref)
+    paused = {"PERAGO_FAILPOINTS": "before_report=pause:6@1"}
+    with worker({**env, **paused}, tmp_path / "w.log") as w:
+        wf = wait_workflow(conductor, wid, timeout=120)
+        refused = w.wait_for("guarded_report_refused")
+    assert "report window closed" in refused["error"]
+    assert wf["status"] == "COMPLETED"
+    first, retry = attempts(wf, "step")
+    assert first["status"] == "FAILED"
+    assert "report window closed" in first["reasonForIncompletion"]
+    assert retry["status"] == "COMPLETED"
+    out = wf["output"]["workspace"]["ref"]
+    pubs = publications(store, repo)
+    assert [c.id for c in pubs] == [out] == [store.branch_head(repo, "main")]
+    assert pubs[0].metadata["perago.task_id"] == retry["taskId"]  # the first's replaced
+    assert held_leases(store, repo) == []
