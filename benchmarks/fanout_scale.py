@@ -228,7 +228,8 @@ def _figures(logs: list[Path], workflow_ids: list[str]) -> tuple[int, int, list[
 def _branch_time(logs: list[Path], workflow_ids: list[str]) -> tuple[float, float, float]:
     """Where the target branch's time went in a Perago run, from the workers' logs:
     (seconds some publication held its turn, of which the merges' answers, seconds grants
-    stayed held after their last merge: the members' reports under the lease)."""
+    stayed held after their last merge: the members leaving it; before issue 41's report
+    windows, their COMPLETED reports, sent under the lease)."""
     held = merges = tails = 0.0
     for log in logs:
         last_merge: datetime | None = None
@@ -418,8 +419,8 @@ def main(argv: list[str]) -> int:
         )
     print(
         "  where the branch's time went in Perago's phase: turns (the publish fence, merge and "
-        "read-back, one publication at a time), grant tails (after a grant's last merge, its "
-        "members' reports under the lease) and the rest (no staged publication in the holding "
+        "read-back, one publication at a time), grant tails (after a grant's last merge, until "
+        "its members have left it) and the rest (no staged publication in the holding "
         "process, grants changing hands)"
     )
     print("  partitions | wall    | turns held (merges)  | grant tails | rest")
