@@ -101,7 +101,11 @@ def test_a_lost_completed_answer_is_sent_again_and_lands_once(
     unique: str,
     tmp_path: Path,
 ) -> None:
+    """The resend happens inside the report window, which ends before the grant would (less
+    its safety margin): with the suite's 4 s lease ttl a window is too short for a 3 s
+    timeout and a second try, so this worker's ttl is 12 s (a window of up to 8 s)."""
     tp, env = faulty
+    env = {**env, "PERAGO_LEASE_TTL": "12"}
     name = one_step(conductor, f"pt_wf_lostc_{unique}", f"pt_write_{unique}", {"files": {"a": "1"}})
     wid = start(conductor, name, repo)
     with worker({**env, "PERAGO_FAILPOINTS": "after_publish=pause:1"}, tmp_path / "w.log") as w:
