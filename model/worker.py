@@ -421,8 +421,9 @@ def _release(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
     nxt = Attempt("done") if a.status == REPORTED else a._replace(pc="report")
     windows = s.windows
     if cfg.report_window and a.status == COMPLETED:
-        # The window ends when the grant would have on the attempt's own clock: closed
-        # already if its clock says the grant is over, or it was taken over.
+        # A window opens only under the grant (the code renews it first): closed already
+        # if the attempt's clock says the grant is over, or it was taken over. Its length
+        # is the clock's: a clock step may close it at any time.
         if not lease.guard(s.lease, slot):
             windows |= 1 << slot
             label += "; its report window opens"

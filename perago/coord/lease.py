@@ -206,11 +206,6 @@ class LeaseManager:
         """How much faster than a holder's clock a taker's may run."""
         return self._skew
 
-    @property
-    def margin(self) -> float:
-        """Seconds before a grant's end that a guarded write must be over."""
-        return self._margin
-
     def check(self, grant: Grant) -> None:
         """Re-read the lease: LeaseLostError unless it is still ours with the same token."""
         self._ours(grant)

@@ -320,17 +320,17 @@ class GroupMember:
 
     def open_report_window(self) -> float:
         """The deadline (``time.monotonic()``) by which this member's COMPLETED report must be
-        sent, opened as it leaves the grant (docs/protocol.md, report windows): at most
-        ``REPORT_SEND_SECONDS`` from now, and over before the grant would end on this
-        process's clock, less the lease's safety margin (renewed first if half of it is
-        gone). Already past when the grant is lost or over: the attempt reports FAILED."""
-        lease, now = self.group.lease, time.monotonic()
+        sent, opened as it leaves the grant (docs/protocol.md, report windows):
+        ``REPORT_SEND_SECONDS`` from now, once the grant is known to be still this process's
+        (renewed if half of it is gone). A window opens only under a grant, so every window
+        a re-delivery must wait out opened before that re-delivery's grant; already past when
+        the grant is lost or over: the attempt reports FAILED."""
+        now = time.monotonic()
         try:
             self.refresh()
         except LeaseEndedError:
             return now
-        left = lease.manager.time_left(lease.grant) - lease.manager.margin
-        return now + max(0.0, min(REPORT_SEND_SECONDS, left))
+        return now + REPORT_SEND_SECONDS
 
     def wait_out_report_windows(self) -> float:
         """For a re-delivered attempt, holding its share of a grant: wait until every other

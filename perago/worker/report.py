@@ -134,9 +134,8 @@ def within_window(
     def closed(last: str) -> ReportWindowClosedError:
         return ReportWindowClosedError(
             "the report window closed before Conductor took the COMPLETED report (a window "
-            f"is at most {group_commit.REPORT_SEND_SECONDS:g} s and ends with the branch lease "
-            f"grant the attempt published under; {last}): if Conductor is down or slow, check "
-            "its health"
+            f"is {group_commit.REPORT_SEND_SECONDS:g} s from leaving the branch lease, none if "
+            f"the lease was lost first; {last}): if Conductor is down or slow, check its health"
         )
 
     def send_once() -> None:

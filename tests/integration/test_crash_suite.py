@@ -106,7 +106,7 @@ def test_a_report_paused_past_its_window_fails_and_the_retry_decides_from_the_br
     tmp_path: Path,
 ) -> None:
     """Report windows (issue 41): a worker that left the branch lease and then paused past
-    its report window (lease ttl 4 s here: a window of about 3 s) sends no late COMPLETED;
+    its report window (8 s) sends no late COMPLETED;
     it reports FAILED, and the retry decides from the branch: it replaces the abandoned
     publication with its own, so the step is on the branch once. Really paused, against the
     real servers."""
@@ -115,7 +115,7 @@ def test_a_report_paused_past_its_window_fails_and_the_retry_decides_from_the_br
     one_step(conductor, name, f"pt_write_{unique}", {"files": {"w.txt": "window"}})
     input_ref = store.branch_head(repo, "main")
     wid = start(conductor, name, repo, ref=input_ref)
-    paused = {"PERAGO_FAILPOINTS": "before_report=pause:6@1"}
+    paused = {"PERAGO_FAILPOINTS": "before_report=pause:11@1"}
     with worker({**env, **paused}, tmp_path / "w.log") as w:
         wf = wait_workflow(conductor, wid, timeout=120)
         refused = w.wait_for("guarded_report_refused")

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from perago.adapters.conductor import TaskSnapshot
 from perago.adapters.objects import error_for
 from perago.coord import MemoryStore as CoordMemory
-from perago.coord.branch_leases import BranchLeases, HeldLease
+from perago.coord.branch_leases import BranchLeases, HeldLease, lease_name
 from perago.coord.lease import LeaseManager
 from perago.core.lakefs_names import HEAD_MOVED
 from perago.core.store import Commit
@@ -593,3 +593,31 @@ def test_a_redelivered_attempt_waits_out_the_report_windows_before_it_publishes(
     assert fenced[first.task_id] - started < 0.6
     history = store.log("r", "main", amount=5)
     assert sum(c.metadata.get("perago.kind") == "publication" for c in history) == 2
+
+
+def test_a_report_window_is_as_long_under_a_short_ttl_and_closed_once_the_grant_is_lost() -> None:
+    """A window opens only under the grant, and then lasts ``REPORT_SEND_SECONDS`` whatever
+    the lease's ttl (a 4 s ttl once gave 1.2-3.2 s windows that a busy Conductor missed);
+    a grant taken over meanwhile gives a window closed already."""
+    clock, coord = [0.0], CoordMemory()
+    manager = LeaseManager(coord, ttl=timedelta(seconds=4), clock=lambda: clock[0])
+    leases = BranchLeases(lambda _repository: manager, wait=timedelta(seconds=1))
+    groups = LeaseGroups(leases)
+    member = groups.acquire("r", "main", "w", LEFT)
+    clock[0] = 3.5  # past half the ttl: the window renews the grant first
+    before = time.monotonic()
+    deadline = member.open_report_window()
+    assert deadline - before >= group_commit.REPORT_SEND_SECONDS
+    assert manager.time_left(member.group.lease.grant) > 3.5
+    member.release()
+
+    lost = groups.acquire("r", "main", "w", RIGHT)
+    other_clock = [0.0]  # another process, which takes the grant over once it ran out
+
+    def sleep(seconds: float) -> None:
+        other_clock[0] += seconds
+
+    other = LeaseManager(coord, ttl=timedelta(seconds=4), clock=lambda: other_clock[0], sleep=sleep)
+    other.acquire(lease_name("r", "main"), "another process", wait=timedelta(seconds=60))
+    clock[0] += 4  # this process's clock too saw the grant run out meanwhile
+    assert lost.open_report_window() <= time.monotonic()
