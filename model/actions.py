@@ -126,8 +126,8 @@ def _extensions(cfg: Config, s: State) -> list[Transition]:
     for slot in _live(s):
         a = s.attempts[slot]
         assert a is not None
-        if a.pc in worker.REPORTING or a.status == worker.REPORTED:
-            continue  # the extension thread stopped before the report
+        if a.pc in worker.REPORTING or a.status == worker.REPORTED or a.again:
+            continue  # the extension thread stopped before the report (a second window's too)
         read = conductor.extension_reads(cfg, s, slot)
         if read is not None:
             label = "its response-timeout extension is sent: Conductor reads the task"

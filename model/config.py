@@ -37,6 +37,11 @@ MECHANISMS: dict[str, str] = {
     "before its report, and a grant ends at its members' last report",
     "window-wait": "a re-delivered attempt (poll count > 1) does not wait, after taking the "
     "branch lease, until every other delivery's report window of its task id has closed",
+    "report-again": "a COMPLETED whose report window closed is reported FAILED at once (the "
+    "code from issue 41 until 2026-11-28), where as coded the delivery takes the branch lease "
+    "again, re-runs the attempt fence under it and reports in a second window",
+    "again-fence": "a delivery reporting again after its window closed does not re-run the "
+    "attempt fence under the lease it took again",
     "serial-report": "the final report does not wait for a response-timeout extension in "
     "flight (the code before dcbbee2): Conductor's unlocked read-modify-write lets the "
     "extension write IN_PROGRESS back over an accepted COMPLETED (issue 14)",

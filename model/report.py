@@ -60,6 +60,21 @@ def why_no_counterexample(cfg: Config, mechanism: str) -> str:
         )
     if mechanism == "window-wait" and not cfg.report_window:
         return "it is a part of report-window, which this run drops"
+    if mechanism == "report-again" and not cfg.report_window:
+        return "it is a part of report-window, which this run drops"
+    if mechanism == "report-again":
+        return (
+            "it spares a retry when Conductor is slower than a window, not what is safe: "
+            "without it a closed window gives FAILED at once, which holds too"
+        )
+    if mechanism == "again-fence" and not (cfg.report_window and cfg.has("report-again")):
+        return "it is a part of report-again, which this run drops"
+    if mechanism == "again-fence" and cfg.redeliveries == 0:
+        return (
+            "it protects against a task id delivered twice: a retry is scheduled only after "
+            "the task id ended, so a second window's COMPLETED is ignored then; "
+            "--drop again-fence --redelivery shows F3 again (I4)"
+        )
     if mechanism == "report-window":
         return (
             "it changes when a grant ends, not what is safe: without it COMPLETED is reported "

@@ -84,6 +84,8 @@ class Attempt(NamedTuple):
     leased: bool = False  # it acquired the branch lease (released or lost since, maybe)
     status: str = ""  # what it will report: COMPLETED or FAILED
     ref: int = NO_REF  # the output ref it will report
+    #: Its first report window closed: it took the lease again for a second one (issue 41).
+    again: bool = False
 
 
 class State(NamedTuple):

@@ -27,7 +27,10 @@ The report (issue 41): a COMPLETED attempt leaves the lease before its report, o
 report window if its grant is still on; the report is refused once the window has closed,
 which a clock step may do at any moment (the reporter paused past its end); a re-delivery
 (poll count > 1) waits, after taking the lease, until no other delivery of its task id has
-a window open. ``--drop report-window`` gives the code from df3d7a7: COMPLETED reported under
+a window open. A reporter whose window closed takes the lease again, re-runs the attempt
+fence under it and reports in a second window (FAILED if that one closes too, or if the
+fence fails; ``--drop report-again``: FAILED at once). ``--drop report-window`` gives the
+code from df3d7a7: COMPLETED reported under
 the lease, released after it. Proposed fixes (``Config.fixes``) change exactly the steps
 they name.
 """
@@ -72,7 +75,9 @@ def _finish(cfg: Config, a: Attempt, status: str, ref: int = NO_REF) -> Attempt:
     )
     pc = "report" if report_first else "release"
     # Only what reporting needs survives, so equal futures share one state.
-    return Attempt(pc, input_ref=a.input_ref, leased=a.leased, status=status, ref=ref)
+    return Attempt(
+        pc, input_ref=a.input_ref, leased=a.leased, status=status, ref=ref, again=a.again
+    )
 
 
 def _earlier(cfg: Config, owner: int, me: int) -> bool:
@@ -443,6 +448,10 @@ def _report(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
         label = f"guarded report refused ({lease.guard(s.lease, slot)}); "
         a = a._replace(status=FAILED, ref=NO_REF)
     if windowed and not s.windows >> slot & 1:
+        if cfg.has("report-again") and not a.again:
+            label = "report window closed: takes the branch lease again for a second window"
+            nxt = a._replace(pc="again_lease", again=True)
+            return [(slot, label, _put(s, slot, nxt), False)]
         label = "report window closed: COMPLETED refused; "
         a = a._replace(status=FAILED, ref=NO_REF)
     if windowed:
@@ -453,6 +462,26 @@ def _report(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
     label += f"reports {what} ({verdict})"
     nxt = a._replace(pc="release", status=REPORTED) if under_lease else Attempt("done")
     return [(slot, label, _put(reported, slot, nxt), False)]
+
+
+def _again_lease(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
+    """Report windows, a second one (``Worker._report``): take the branch lease again."""
+    granted = lease.acquire(s.lease, slot)
+    if granted is None:
+        return []  # waits for the holder to release or to go silent
+    takeover = s.lease.holder not in (NO_REF, slot)
+    label = "acquires the branch lease again" + (" (takeover)" if takeover else "")
+    pc = "again_fence" if cfg.has("again-fence") else "release"
+    return [(slot, label, _put(s, slot, a._replace(pc=pc), lease=granted), False)]
+
+
+def _again_fence(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
+    """The attempt fence under the lease taken again: still this delivery, in progress."""
+    if not conductor.is_current(cfg, s, slot):
+        label = "attempt fence before a second window fails: Conductor moved on"
+        return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
+    label = "attempt fence before a second window passes"
+    return [(slot, label, _put(s, slot, a._replace(pc="release")), False)]
 
 
 Step = Callable[[Config, State, int, Attempt], list[Transition]]
@@ -481,6 +510,8 @@ _STEPS: dict[str, Step] = {
     "report": _report,
     "window_wait": _window_wait("fence2"),
     "noop_window_wait": _window_wait("noop_fence"),
+    "again_lease": _again_lease,
+    "again_fence": _again_fence,
 }
 
 

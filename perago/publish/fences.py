@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from perago.core.orchestrator import IN_PROGRESS, AttemptLedger
+from perago.core.orchestrator import IN_PROGRESS, AttemptLedger, TaskSnapshot
 from perago.core.store import Commit
 from perago.errors import AttemptFenceError, PublishFenceError
 from perago.publish.identity import AttemptIdentity
@@ -19,6 +19,7 @@ __all__ = [
     "AttemptLedger",
     "HeadDecision",
     "check_attempt",
+    "check_current",
     "decide_publication",
     "earlier_publications",
 ]
@@ -30,7 +31,11 @@ def check_attempt(ledger: AttemptLedger, me: AttemptIdentity, *, worker_id: str)
     The server accepts updates from stale workers silently, so its answer to an update never
     proves anything: only a fresh read does.
     """
-    current = ledger.get_task(me.task_id)
+    check_current(ledger.get_task(me.task_id), me, worker_id=worker_id)
+
+
+def check_current(current: TaskSnapshot | None, me: AttemptIdentity, *, worker_id: str) -> None:
+    """:func:`check_attempt` on a read of the task already made."""
     if current is None:
         raise AttemptFenceError(
             f"attempt fence: task {me.task_id} is unknown to Conductor; this attempt is stale "

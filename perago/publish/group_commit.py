@@ -133,7 +133,7 @@ class LeaseGroups:
                 with self._changed:
                     group = self._groups.get(key)
                     if group is not None and self._admits(group, me):
-                        return self._join(key, group, me, joined=True)
+                        return self._join(key, group, me, owner, joined=True)
                     if not polling and key not in self._polling:
                         self._polling.add(key)
                         polling = True
@@ -154,7 +154,7 @@ class LeaseGroups:
                 with self._changed:
                     group = _Group(lease, self._clock())
                     self._groups[key] = group
-                    return self._join(key, group, me, joined=False)
+                    return self._join(key, group, me, owner, joined=False)
         finally:
             with self._changed:
                 if polling:
@@ -171,7 +171,7 @@ class LeaseGroups:
         )
 
     def _join(
-        self, key: tuple[str, str], group: _Group, me: AttemptIdentity, *, joined: bool
+        self, key: tuple[str, str], group: _Group, me: AttemptIdentity, owner: str, *, joined: bool
     ) -> GroupMember:
         self._next_id += 1
         group.members[self._next_id] = me
@@ -183,7 +183,7 @@ class LeaseGroups:
                 members=len(group.members),
                 admitted=group.admitted,
             )
-        return GroupMember(self, key, group, self._next_id, joined=joined)
+        return GroupMember(self, key, group, self._next_id, me, owner, joined=joined)
 
     def _leave(
         self, member: GroupMember, *, wait: bool, on_error: Callable[[Exception], None]
@@ -224,12 +224,22 @@ class GroupMember:
     this way (a group of one, when no other publication of the process shares it)."""
 
     def __init__(
-        self, groups: LeaseGroups, key: tuple[str, str], group: _Group, id: int, *, joined: bool
+        self,
+        groups: LeaseGroups,
+        key: tuple[str, str],
+        group: _Group,
+        id: int,
+        me: AttemptIdentity,
+        owner: str,
+        *,
+        joined: bool,
     ) -> None:
         self._groups = groups
         self.key = key
         self.group = group
         self.id = id
+        self.me = me
+        self._owner = owner
         #: It joined a grant another publication took (else it took the lease itself).
         self.joined = joined
         self._left = False
@@ -331,6 +341,12 @@ class GroupMember:
         except LeaseEndedError:
             return now
         return now + REPORT_SEND_SECONDS
+
+    def again(self) -> GroupMember:
+        """A new share of the branch's lease for the same publication, after it left: its
+        report window closed before Conductor took its COMPLETED, and a second window opens
+        only under a grant (docs/protocol.md). Waits as a publication does (LeaseBusyError)."""
+        return self._groups.acquire(*self.key, self._owner, self.me)
 
     def wait_out_report_windows(self) -> float:
         """For a re-delivered attempt, holding its share of a grant: wait until every other

@@ -27,12 +27,15 @@ from perago.core.orchestrator import Orchestrator, Outcome, TaskSnapshot
 from perago.core.retry_policy import poll_backoff
 from perago.core.store import VersionStore
 from perago.errors import (
+    AttemptFenceError,
     ConfigError,
     Interrupt,
     PeragoError,
     ReportWindowClosedError,
     WorkerShutdown,
 )
+from perago.publish.fences import check_attempt, check_current
+from perago.publish.group_commit import GroupMember
 from perago.publish.transaction import release_lease
 from perago.telemetry import metrics, steps, tracing
 from perago.telemetry.failure_text import bounded_traceback, describe
@@ -41,7 +44,7 @@ from perago.worker import failpoints, lineage_events
 from perago.worker.async_bodies import AsyncBodies, Running
 from perago.worker.health import HealthServer
 from perago.worker.recovery import AttemptRecords, recover
-from perago.worker.report import Landing, TaskUpdates, delivered_again, within_window
+from perago.worker.report import Landing, TaskUpdates, delivered_again, in_report_windows
 from perago.worker.runtime import AttemptRunner, Finished, outcome_of
 
 __all__ = ["Worker"]
@@ -569,19 +572,19 @@ class Worker:
             # Done with the branch: leave the grant now, so that the next publication need
             # not wait for Conductor's answer, and send COMPLETED inside the report window
             # this opens (a re-delivery of the task id waits the window out before it
-            # publishes; docs/protocol.md).
-            deadline = lease.open_report_window()
-            with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):
-                release_lease(lease, wait=True)  # killed after its report: nothing held
-            lease = None
-            steps.reached(Boundary.BEFORE_REPORT, snapshot)
+            # publishes; docs/protocol.md); a window that closes first is followed by
+            # another, under the lease taken again and the attempt fence re-run.
             http = self._settings.http_timeout.total_seconds()
-            send = within_window(
-                deadline,
+            send = in_report_windows(
+                lease,
                 lambda budget: self._orchestrator.report(
                     snapshot, outcome, worker_id=worker_id, timeout=min(budget, http)
                 ),
+                again=lambda member: self._report_again(snapshot, member),
+                leave=lambda member: self._leave_for_report(snapshot, member),
+                before_send=lambda: steps.reached(Boundary.BEFORE_REPORT, snapshot),
             )
+            lease = None
         try:
             try:
                 landed = updates.report(outcome.status, send)
@@ -620,6 +623,46 @@ class Worker:
             return
         metrics.REPORT_PROBLEMS.labels(f"report_{landed.value}").inc()
         log.warning("report_not_shown", landing=landed.value, **fields)
+
+    def _leave_for_report(self, snapshot: TaskSnapshot, member: GroupMember) -> None:
+        with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):
+            release_lease(member, wait=True)  # killed after its report: nothing held
+
+    def _report_again(self, snapshot: TaskSnapshot, member: GroupMember) -> GroupMember | None:
+        """After a report window closed: None if Conductor shows the task COMPLETED (the
+        report landed late); else the branch lease taken again, under which the attempt
+        fence passed (ReportWindowClosedError if either fails: the delivery may no longer
+        report COMPLETED)."""
+        fields = {"task_id": snapshot.task_id, "retry_count": snapshot.retry_count}
+        try:
+            now = self._orchestrator.get_task(snapshot.task_id)
+            if now is not None and now.status == "COMPLETED":
+                log.info("report_landed_late", **fields)
+                return None
+            check_current(now, member.me, worker_id=self._settings.worker_id)
+            taken = member.again()
+        except AttemptFenceError as e:
+            raise ReportWindowClosedError(
+                "the report window closed before Conductor took the COMPLETED report, and "
+                f"the task is no longer this delivery's ({e.message})"
+            ) from e
+        except PeragoError as e:
+            raise ReportWindowClosedError(
+                "the report window closed before Conductor took the COMPLETED report, and the "
+                f"branch lease could not be taken again for another ({e.message}): if "
+                "Conductor is down or slow, check its health"
+            ) from e
+        try:
+            check_attempt(self._orchestrator, taken.me, worker_id=self._settings.worker_id)
+        except PeragoError as e:
+            self._leave_for_report(snapshot, taken)
+            raise ReportWindowClosedError(
+                "the report window closed before Conductor took the COMPLETED report, and "
+                f"the task is no longer this delivery's ({e.message})"
+            ) from e
+        metrics.REPORT_PROBLEMS.labels("report_window_reopened").inc()
+        log.info("report_window_reopened", fencing_token=taken.token, **fields)
+        return taken
 
     def _delivered_again(self, snapshot: TaskSnapshot, fields: dict[str, Any]) -> bool:
         """The one rule for a superseded delivery: it sends no FAILED (after a failed

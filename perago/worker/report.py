@@ -24,12 +24,23 @@ from perago.errors import OrchestratorError, ReportWindowClosedError
 from perago.publish import group_commit
 from perago.telemetry import metrics
 
-__all__ = ["Landing", "TaskUpdates", "delivered_again", "landing", "within_window"]
+__all__ = [
+    "REPORT_WINDOWS",
+    "Landing",
+    "TaskUpdates",
+    "delivered_again",
+    "in_report_windows",
+    "landing",
+    "within_window",
+]
 
 log = structlog.get_logger("perago.worker.report")
 
 #: How often the final report is sent at most, when the read-back keeps disagreeing.
 REPORT_SENDS = 5
+#: Report windows a COMPLETED gets at most: the first, and each after taking the branch lease
+#: again and re-running the attempt fence under it.
+REPORT_WINDOWS = 3
 
 
 class Landing(enum.Enum):
@@ -161,3 +172,43 @@ def within_window(
             raise
 
     return guarded_send
+
+
+def in_report_windows(
+    first: group_commit.GroupMember,
+    send: Callable[[float], None],
+    *,
+    again: Callable[[group_commit.GroupMember], group_commit.GroupMember | None],
+    leave: Callable[[group_commit.GroupMember], None],
+    before_send: Callable[[], None] = lambda: None,
+    windows: int = REPORT_WINDOWS,
+) -> Callable[[], None]:
+    """A COMPLETED sent inside report windows (docs/protocol.md): leave the grant (``leave``),
+    then ``send`` inside the window that opens (:func:`within_window`). If the window closes
+    first, ``again(member)`` takes the branch lease again and re-runs the attempt fence under
+    it (ReportWindowClosedError if it cannot; None if Conductor shows the report landed
+    after all), and the report goes inside a new window: ``windows`` in all, so that a
+    Conductor slower than one window costs a lease round trip, not the step's retry."""
+
+    def windowed() -> None:
+        member = first
+        for n in range(1, windows + 1):
+            try:
+                deadline = member.open_report_window()
+            finally:
+                leave(member)
+            if n == 1:
+                before_send()
+            try:
+                within_window(deadline, send)()
+                return
+            except ReportWindowClosedError as e:
+                if n == windows:
+                    raise
+                log.warning("report_window_closed", window=n, windows=windows, error=e.message)
+                taken = again(member)
+                if taken is None:
+                    return
+                member = taken
+
+    return windowed

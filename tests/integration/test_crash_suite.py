@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +27,7 @@ from perago.worker.failpoints import POINTS
 
 from .harness import (
     attempts,
+    decide_now,
     held_leases,
     one_step,
     perago_cli,
@@ -97,7 +99,7 @@ def test_kill_at_failpoint_then_recover(
     assert leases.records() == []  # released leases are tidied away too
 
 
-def test_a_report_paused_past_its_window_fails_and_the_retry_decides_from_the_branch(
+def test_a_report_paused_past_its_window_is_sent_in_another_under_the_lease_taken_again(
     make_env: Callable[..., dict[str, str]],
     conductor: ConductorClient,
     store: LakeFSStore,
@@ -106,24 +108,65 @@ def test_a_report_paused_past_its_window_fails_and_the_retry_decides_from_the_br
     tmp_path: Path,
 ) -> None:
     """Report windows (issue 41): a worker that left the branch lease and then paused past
-    its report window (8 s) sends no late COMPLETED;
-    it reports FAILED, and the retry decides from the branch: it replaces the abandoned
-    publication with its own, so the step is on the branch once. Really paused, against the
-    real servers."""
-    env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="30", PERAGO_JANITOR_ON_START="false")
+    its report window (8 s) sends no late COMPLETED in it; the task still being its own, it
+    takes the lease again, re-runs the attempt fence under it and reports inside a second
+    window: the step completes once, no retry spent, nothing held. Really paused, against
+    the real servers."""
+    env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="60", PERAGO_JANITOR_ON_START="false")
     name = f"pt_wf_window_{unique}"
     one_step(conductor, name, f"pt_write_{unique}", {"files": {"w.txt": "window"}})
-    input_ref = store.branch_head(repo, "main")
-    wid = start(conductor, name, repo, ref=input_ref)
+    wid = start(conductor, name, repo, ref=store.branch_head(repo, "main"))
     paused = {"PERAGO_FAILPOINTS": "before_report=pause:11@1"}
     with worker({**env, **paused}, tmp_path / "w.log") as w:
         wf = wait_workflow(conductor, wid, timeout=120)
-        refused = w.wait_for("guarded_report_refused")
-    assert "report window closed" in refused["error"]
+        closed = w.wait_for("report_window_closed")
+        reopened = w.wait_for("report_window_reopened")
+    assert "report window closed" in closed["error"] and closed["window"] == 1
+    assert reopened["task_id"] == wf["tasks"][0]["taskId"]
+    assert wf["status"] == "COMPLETED"
+    [only] = attempts(wf, "step")
+    assert only["status"] == "COMPLETED"
+    out = wf["output"]["workspace"]["ref"]
+    assert [c.id for c in publications(store, repo)] == [out] == [store.branch_head(repo, "main")]
+    assert held_leases(store, repo) == []
+
+
+def test_a_report_paused_until_conductor_timed_the_task_out_fails_and_the_retry_decides(
+    make_env: Callable[..., dict[str, str]],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """A worker paused past its report window and past the task's response timeout (no
+    extension is sent once the report has begun): Conductor timed the task out and retried
+    it, so no second window opens for it; the retry decides from the branch and replaces the
+    abandoned publication with its own: the step is on the branch once. Really paused."""
+    env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="4", PERAGO_JANITOR_ON_START="false")
+    name = f"pt_wf_window_out_{unique}"
+    one_step(conductor, name, f"pt_write_{unique}", {"files": {"w.txt": "window"}})
+    wid = start(conductor, name, repo, ref=store.branch_head(repo, "main"))
+    release = tmp_path / "release"
+    paused = {
+        "PERAGO_FAILPOINTS": "before_report=pause:120@1",
+        "PERAGO_FAILPOINTS_RELEASE": str(release),
+    }
+    with worker({**env, **paused}, tmp_path / "w.log") as w:
+        w.wait_for("failpoint_hit", failpoint="before_report")
+        hit = time.monotonic()
+        while attempts(conductor.get_workflow(wid), "step")[0]["status"] == "IN_PROGRESS":
+            assert time.monotonic() < hit + 90, "Conductor never timed the paused task out"
+            decide_now(conductor, wid)  # its embedded sweeper re-checks only every ~60 s
+            time.sleep(1)
+        time.sleep(max(0.0, hit + 9 - time.monotonic()))  # and past the 8 s window
+        release.touch()
+        wf = wait_workflow(conductor, wid, timeout=120)
+        refused = w.wait_for("guarded_report_refused", timeout=60)
+    assert "no longer this delivery's" in refused["error"]
     assert wf["status"] == "COMPLETED"
     first, retry = attempts(wf, "step")
-    assert first["status"] == "FAILED"
-    assert "report window closed" in first["reasonForIncompletion"]
+    assert first["status"] == "TIMED_OUT"
     assert retry["status"] == "COMPLETED"
     out = wf["output"]["workspace"]["ref"]
     pubs = publications(store, repo)

@@ -59,6 +59,8 @@ PROTECTS = {
     "serial-report": "I6",
     "report-window": None,  # when a grant ends, not what is safe (reports under the lease)
     "window-wait": None,  # with re-deliveries: I4 (see its test)
+    "report-again": None,  # spares a retry, not what is safe (FAILED at once holds too)
+    "again-fence": None,  # with re-deliveries: I4 (see its test)
 }
 
 #: One re-delivery of a task id, the smallest configuration that shows finding F3.
@@ -140,7 +142,7 @@ def test_report_windows_keep_f3_fixed_only_with_the_redelivery_wait() -> None:
     windowed = REDELIVERY
     result = explore(windowed)
     assert result.ok, [v.message for v in result.violations]
-    assert {"window_wait", "noop_window_wait"} <= set(result.pcs)
+    assert {"window_wait", "noop_window_wait", "again_lease", "again_fence"} <= set(result.pcs)
     unwaited = replace(windowed, drops=frozenset({"window-wait"}))
     found = explore(unwaited, stop_at_first=True).violations
     assert [(v.invariant, len(v.steps)) for v in found] == [("I4", 16)]
@@ -158,6 +160,19 @@ def test_an_extension_overlapping_the_report_undoes_the_completion_without_seria
     assert [(v.invariant, len(v.steps)) for v in found] == [("I6", 10)]
     assert "was COMPLETED and is IN_PROGRESS again" in found[0].message
     assert explore(replace(QUIET, drops=frozenset({"serial-report"}))).ok  # nothing overlaps
+
+
+def test_a_second_report_window_needs_the_attempt_fence_under_the_lease_taken_again() -> None:
+    """A reporter whose window closed takes the lease again for a second one: as coded it
+    re-runs the attempt fence under that lease and F3 stays fixed (the test above explores
+    it); without that fence a re-delivery's publication and the first delivery's late
+    COMPLETED both stand (I4)."""
+    unfenced = replace(REDELIVERY, drops=frozenset({"again-fence"}))
+    found = explore(unfenced, stop_at_first=True).violations
+    assert [v.invariant for v in found] == ["I4"]
+    assert "output r0 from r0, but the branch also carries its publication M[t0p2]" in (
+        found[0].message
+    )
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))

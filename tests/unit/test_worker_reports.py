@@ -172,39 +172,151 @@ def _taken_over(leases: Any, clock: list[float]) -> GroupMember:
     return held
 
 
-def test_a_delivery_whose_window_never_opened_reports_failed_not_completed(
+def test_a_delivery_whose_window_never_opened_reports_in_a_window_under_a_new_grant(
     tmp_path: Path,
 ) -> None:
-    """F3: its grant ran out and another delivery of the task id took the branch over; this
-    one's COMPLETED could contradict what the branch will say, so it reports FAILED."""
+    """Its grant ran out while it paused and another process's publication took the lease:
+    no window opened, so no COMPLETED under that grant (a re-delivery of the task id might
+    have been publishing). The task is still this delivery's: once the other holder has
+    left, it takes the lease again, re-runs the attempt fence and reports COMPLETED."""
     leases, clock = _branch_leases()
-    held = _taken_over(leases, clock)
-    before = _count("report_window_closed")
+    runner = SnapshotRunner(leases)
     conductor = StubOrchestrator()
+    taken: list[Any] = []
+
+    def paused_past_the_grant(snapshot: Any) -> Finished:
+        finished = SnapshotRunner.run(runner, None, snapshot)
+        leases.manager("r").is_expired(leases.manager("r").records()[0])  # the taker watches
+        clock[0] += 10  # ...past the takeover time (ttl 4 s x 1.5): this one paused
+        taken.append(leases.acquire("r", "main", "another step"))
+        taken[0].release()  # published and left
+        return finished
+
+    runner.run = lambda defn, snapshot, **kw: paused_past_the_grant(snapshot)  # type: ignore[method-assign]
+    reopened = _count("report_window_reopened")
     with structlog.testing.capture_logs() as logs:
-        _attempt(conductor, Runner(Outcome("COMPLETED"), held), tmp_path)
-    [report] = [u.outcome for u in conductor.reports() if u.outcome]
-    assert report.status == "FAILED" and "report window closed" in report.reason
-    assert _count("report_window_closed") == before + 1
-    assert any(e["event"] == "guarded_report_refused" for e in logs)
-    holder = leases.manager("r").holder("branches/r/main")
-    assert holder and holder.owner == "t0-p2"  # p2's lease is untouched
+        _attempt(conductor, runner, tmp_path)
+    assert [u.outcome.status for u in conductor.reports() if u.outcome] == ["COMPLETED"]
+    assert _count("report_window_reopened") == reopened + 1
+    [closed] = [e for e in logs if e["event"] == "report_window_closed"]
+    assert "no try left" in closed["error"]  # the first window was closed at once
+    assert leases.manager("r").holder("branches/r/main") is None
 
 
-def test_a_completed_that_conductor_does_not_take_in_its_window_becomes_failed(
+class SnapshotRunner(Runner):
+    """A publication of the delivery it runs: its lease share names that very delivery."""
+
+    def __init__(self, leases: Any) -> None:
+        super().__init__(Outcome("COMPLETED"))
+        self.leases = leases
+
+    def run(self, defn: Any, snapshot: Any, **kwargs: Any) -> Finished:
+        me = AttemptIdentity(
+            snapshot.workflow_id,
+            snapshot.reference_name,
+            snapshot.task_id,
+            snapshot.retry_count,
+            snapshot.poll_count,
+            snapshot.task_type,
+            scope="data/",
+        )
+        owner = f"{snapshot.task_id}-p{snapshot.poll_count}"
+        return Finished(
+            Outcome("COMPLETED"), LeaseGroups(self.leases).acquire("r", "main", owner, me)
+        )
+
+
+class BusyConductor(StubOrchestrator):
+    """Answers every COMPLETED report 503 in the first ``busy`` report windows (each
+    shortened to 0.3 s), then takes it; counts the windows opened."""
+
+    def __init__(self, busy: int) -> None:
+        super().__init__()
+        self.busy, self.opened = busy, 0
+
+    def report(self, task: Any, outcome: Outcome, *, worker_id: str, **kw: Any) -> None:
+        if outcome.status == "COMPLETED" and self.opened <= self.busy:
+            raise OrchestratorError("busy", status=503)
+        super().report(task, outcome, worker_id=worker_id, **kw)
+
+
+def _busy_windows(monkeypatch: pytest.MonkeyPatch, conductor: BusyConductor) -> None:
+    monkeypatch.setattr(group_commit, "REPORT_SEND_SECONDS", 0.3)
+    opened = GroupMember.open_report_window
+
+    def counting(member: GroupMember) -> float:
+        conductor.opened += 1
+        return opened(member)
+
+    monkeypatch.setattr(GroupMember, "open_report_window", counting)
+
+
+def test_a_completed_that_misses_its_window_is_sent_in_another_under_the_lease_taken_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Conductor answers 503 for longer than the window: COMPLETED is not sent after it (a
-    re-delivery may be publishing by then); FAILED once Conductor answers again."""
-
-    monkeypatch.setattr(group_commit, "REPORT_SEND_SECONDS", 0.5)
+    """Conductor answers 503 for longer than a window: no COMPLETED after it (a re-delivery
+    may be publishing by then); the delivery takes the branch lease again, re-runs the
+    attempt fence under it, and its COMPLETED lands inside the second window: no FAILED, no
+    retry spent. Nothing held afterwards."""
     leases, _ = _branch_leases()
-    conductor = StubOrchestrator()
-    conductor.fail("report", error=OrchestratorError("busy", status=503), times=2)
-    _attempt(conductor, Runner(Outcome("COMPLETED"), _member(leases)), tmp_path)
-    *lost, report = [u.outcome for u in conductor.reports() if u.outcome]
-    assert [o.status for o in lost] == ["COMPLETED", "COMPLETED"]  # both answered 503
+    conductor = BusyConductor(busy=1)
+    _busy_windows(monkeypatch, conductor)
+    reopened = _count("report_window_reopened")
+    with structlog.testing.capture_logs() as logs:
+        _attempt(conductor, SnapshotRunner(leases), tmp_path)
+    assert [u.outcome.status for u in conductor.reports() if u.outcome] == ["COMPLETED"]
+    assert _count("report_window_reopened") == reopened + 1
+    events = [e["event"] for e in logs]
+    assert events.count("report_window_closed") == 1 and "attempt_reported" in events
+    assert leases.manager("r").holder("branches/r/main") is None
+    assert sum(e["event"] == "lease_acquired" for e in logs) == 2  # the second window's grant
+
+
+def test_a_completed_that_conductor_does_not_take_in_any_window_becomes_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Conductor answers 503 through every window: FAILED once it answers again (the retry
+    decides from the branch), after ``REPORT_WINDOWS`` windows."""
+    from perago.worker import report as report_module
+
+    leases, _ = _branch_leases()
+    conductor = BusyConductor(busy=99)
+    _busy_windows(monkeypatch, conductor)
+    closed = _count("report_window_closed")
+    _attempt(conductor, SnapshotRunner(leases), tmp_path)
+    (report,) = [u.outcome for u in conductor.reports() if u.outcome]
     assert report.status == "FAILED" and "report window closed" in report.reason
+    assert conductor.opened == report_module.REPORT_WINDOWS
+    assert _count("report_window_closed") == closed + 1
+    assert leases.manager("r").holder("branches/r/main") is None
+
+
+def test_a_second_window_is_refused_when_the_task_moved_on_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first window closes; by the time the lease is taken again Conductor delivered the
+    task id again (to a live delivery): the fence under the lease refuses a second window,
+    and this delivery sends no report at all (one rule for a superseded delivery)."""
+    leases, _ = _branch_leases()
+    conductor = BusyConductor(busy=99)
+    _busy_windows(monkeypatch, conductor)
+    moved = SnapshotRunner(leases)
+    again = GroupMember.again
+
+    def redelivered_first(member: GroupMember) -> GroupMember:
+        conductor.redeliver(member.me.task_id)
+        conductor.poll("unit_report_task", worker_id="another", count=1)
+        return again(member)
+
+    monkeypatch.setattr(GroupMember, "again", redelivered_first)
+    skipped = _count("report_skipped_delivered_again")
+    with structlog.testing.capture_logs() as logs:
+        _attempt(conductor, moved, tmp_path)
+    assert [u.outcome for u in conductor.reports() if u.outcome] == []
+    assert _count("report_skipped_delivered_again") == skipped + 1
+    [refused] = [e for e in logs if e["event"] == "guarded_report_refused"]
+    assert "no longer this delivery's" in refused["error"]
+    assert leases.manager("r").holder("branches/r/main") is None
 
 
 def test_a_delivery_whose_window_closed_to_a_live_delivery_sends_no_report(
