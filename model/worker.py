@@ -42,7 +42,7 @@ from typing import Any
 
 from model import conductor, lease
 from model.config import Config
-from model.state import COMPLETED, FAILED, Attempt, State, attempt_name, ref_name, task_of
+from model.state import COMPLETED, FAILED, Attempt, Lease, State, attempt_name, ref_name, task_of
 from model.store import NO_REF, ROOT, add_commit, merge, merge_slot, staged_slot
 
 __all__ = ["REPORTING", "RESET_WINDOW", "Transition", "decide", "steps"]
@@ -225,12 +225,22 @@ def _noop_head(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]
     return [(slot, label, _put(s, slot, a._replace(pc="noop_lease")), False)]
 
 
-def _noop_lease(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
+def _acquire(s: State, slot: int, label: str) -> tuple[Lease, str] | None:
+    """``lease.acquire`` and the step's label (marked when it took a run-out grant over);
+    None while a live grant blocks it: the attempt waits for the holder to release it or to
+    go silent."""
     granted = lease.acquire(s.lease, slot)
     if granted is None:
-        return []  # waits for the holder to release or to go silent
+        return None
     takeover = s.lease.holder not in (NO_REF, slot)
-    label = "acquires the branch lease" + (" (takeover)" if takeover else "")
+    return granted, label + (" (takeover)" if takeover else "")
+
+
+def _noop_lease(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
+    acquired = _acquire(s, slot, "acquires the branch lease")
+    if acquired is None:
+        return []
+    granted, label = acquired
     pc = "noop_fence" if _noop_under_lease(cfg) else "reread"
     if _waits_for_windows(cfg, slot):
         pc = "noop_window_wait"
@@ -263,12 +273,11 @@ def _stage(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
     granted = s.lease
     label = "stages"
     if cfg.leases:
-        got = lease.acquire(s.lease, slot)
-        if got is None:
+        acquired = _acquire(s, slot, "acquires the branch lease")
+        if acquired is None:
             return []
-        granted = got
-        takeover = s.lease.holder not in (NO_REF, slot)
-        label = "acquires the branch lease" + (" (takeover)" if takeover else "") + "; stages"
+        granted, label = acquired
+        label += "; stages"
     parent = s.commits[a.input_ref]
     assert parent is not None
     marker = slot if cfg.has("marker") else parent.marker
@@ -466,11 +475,10 @@ def _report(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
 
 def _again_lease(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
     """Report windows, a second one (``Worker._report``): take the branch lease again."""
-    granted = lease.acquire(s.lease, slot)
-    if granted is None:
-        return []  # waits for the holder to release or to go silent
-    takeover = s.lease.holder not in (NO_REF, slot)
-    label = "acquires the branch lease again" + (" (takeover)" if takeover else "")
+    acquired = _acquire(s, slot, "acquires the branch lease again")
+    if acquired is None:
+        return []
+    granted, label = acquired
     pc = "again_fence" if cfg.has("again-fence") else "release"
     return [(slot, label, _put(s, slot, a._replace(pc=pc), lease=granted), False)]
 

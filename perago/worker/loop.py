@@ -634,6 +634,13 @@ class Worker:
         fence passed (ReportWindowClosedError if either fails: the delivery may no longer
         report COMPLETED)."""
         fields = {"task_id": snapshot.task_id, "retry_count": snapshot.retry_count}
+
+        def closed(why: str) -> ReportWindowClosedError:
+            return ReportWindowClosedError(
+                f"the report window closed before Conductor took the COMPLETED report, and {why}"
+            )
+
+        moved_on = "the task is no longer this delivery's ({})"
         try:
             now = self._orchestrator.get_task(snapshot.task_id)
             if now is not None and now.status == "COMPLETED":
@@ -642,24 +649,17 @@ class Worker:
             check_current(now, member.me, worker_id=self._settings.worker_id)
             taken = member.again()
         except AttemptFenceError as e:
-            raise ReportWindowClosedError(
-                "the report window closed before Conductor took the COMPLETED report, and "
-                f"the task is no longer this delivery's ({e.message})"
-            ) from e
+            raise closed(moved_on.format(e.message)) from e
         except PeragoError as e:
-            raise ReportWindowClosedError(
-                "the report window closed before Conductor took the COMPLETED report, and the "
-                f"branch lease could not be taken again for another ({e.message}): if "
+            raise closed(
+                f"the branch lease could not be taken again for another ({e.message}): if "
                 "Conductor is down or slow, check its health"
             ) from e
         try:
             check_attempt(self._orchestrator, taken.me, worker_id=self._settings.worker_id)
         except PeragoError as e:
             self._leave_for_report(snapshot, taken)
-            raise ReportWindowClosedError(
-                "the report window closed before Conductor took the COMPLETED report, and "
-                f"the task is no longer this delivery's ({e.message})"
-            ) from e
+            raise closed(moved_on.format(e.message)) from e
         metrics.REPORT_PROBLEMS.labels("report_window_reopened").inc()
         log.info("report_window_reopened", fencing_token=taken.token, **fields)
         return taken

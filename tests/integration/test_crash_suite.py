@@ -99,6 +99,14 @@ def test_kill_at_failpoint_then_recover(
     assert leases.records() == []  # released leases are tidied away too
 
 
+def _one_write(
+    conductor: ConductorClient, store: LakeFSStore, repo: str, unique: str, name: str
+) -> str:
+    """A one-step workflow ``name`` that writes ``w.txt``, started on main's head: its id."""
+    one_step(conductor, name, f"pt_write_{unique}", {"files": {"w.txt": "window"}})
+    return start(conductor, name, repo, ref=store.branch_head(repo, "main"))
+
+
 def test_a_report_paused_past_its_window_is_sent_in_another_under_the_lease_taken_again(
     make_env: Callable[..., dict[str, str]],
     conductor: ConductorClient,
@@ -113,9 +121,7 @@ def test_a_report_paused_past_its_window_is_sent_in_another_under_the_lease_take
     window: the step completes once, no retry spent, nothing held. Really paused, against
     the real servers."""
     env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="60", PERAGO_JANITOR_ON_START="false")
-    name = f"pt_wf_window_{unique}"
-    one_step(conductor, name, f"pt_write_{unique}", {"files": {"w.txt": "window"}})
-    wid = start(conductor, name, repo, ref=store.branch_head(repo, "main"))
+    wid = _one_write(conductor, store, repo, unique, f"pt_wf_window_{unique}")
     paused = {"PERAGO_FAILPOINTS": "before_report=pause:11@1"}
     with worker({**env, **paused}, tmp_path / "w.log") as w:
         wf = wait_workflow(conductor, wid, timeout=120)
@@ -144,9 +150,7 @@ def test_a_report_paused_until_conductor_timed_the_task_out_fails_and_the_retry_
     it, so no second window opens for it; the retry decides from the branch and replaces the
     abandoned publication with its own: the step is on the branch once. Really paused."""
     env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="4", PERAGO_JANITOR_ON_START="false")
-    name = f"pt_wf_window_out_{unique}"
-    one_step(conductor, name, f"pt_write_{unique}", {"files": {"w.txt": "window"}})
-    wid = start(conductor, name, repo, ref=store.branch_head(repo, "main"))
+    wid = _one_write(conductor, store, repo, unique, f"pt_wf_window_out_{unique}")
     release = tmp_path / "release"
     paused = {
         "PERAGO_FAILPOINTS": "before_report=pause:120@1",
