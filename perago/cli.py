@@ -168,6 +168,15 @@ def register(
     workflows: Annotated[
         Path | None, typer.Option("--workflows", help="Directory of workflow JSON files.")
     ] = None,
+    schemas: Annotated[
+        bool,
+        typer.Option(
+            "--schemas",
+            help="Store each task's input and output JSON schema with its definition, for "
+            "Conductor's UI. Conductor copies the definition into every task it schedules, so "
+            "wide fan-outs run slower with them.",
+        ),
+    ] = False,
 ) -> None:
     """Register every @task in MODULES, then every workflow JSON in --workflows (idempotent)."""
     from perago import wiring
@@ -178,7 +187,11 @@ def register(
     tasks = discover(modules)
     wfs = load_workflows(workflows) if workflows else []
     warnings = do_register(
-        wiring.conductor_client(settings), tasks, wfs, params_extra=settings.params_extra
+        wiring.conductor_client(settings),
+        tasks,
+        wfs,
+        params_extra=settings.params_extra,
+        schemas=schemas,
     )
     for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)

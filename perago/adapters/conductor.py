@@ -251,12 +251,19 @@ def task_snapshot(t: dict[str, Any]) -> TaskSnapshot:
     )
 
 
-def task_def(defn: TaskDefinition[Any, Any]) -> dict[str, Any]:
-    """The Conductor task definition of a Perago task."""
+def task_def(defn: TaskDefinition[Any, Any], *, schemas: bool = False) -> dict[str, Any]:
+    """The Conductor task definition of a Perago task.
+
+    Conductor copies a task's definition into every task it schedules and re-reads a
+    workflow's tasks on every update, so the definition is kept small: the input and output
+    JSON schemas (about 2 KiB for a plain task) go in only with ``schemas`` (``perago
+    register --schemas``). They made a 1,000-way fork's workflow 11 MB instead of 4.5 MB and
+    cost Conductor a third more CPU (docs/benchmarks.md, (l)).
+    """
     o = defn.options
-    return {
+    d: dict[str, Any] = {
         "name": defn.name,
-        "description": o.description or (inspect.getdoc(defn.fn) or defn.name)[:500],
+        "description": o.description or _summary(inspect.getdoc(defn.fn) or defn.name),
         "retryCount": o.retry_count,
         "retryLogic": "FIXED",
         "retryDelaySeconds": int(o.retry_delay.total_seconds()),
@@ -265,12 +272,20 @@ def task_def(defn: TaskDefinition[Any, Any]) -> dict[str, Any]:
         "timeoutPolicy": "TIME_OUT_WF",
         "inputKeys": ["workspace", "params"],
         "outputKeys": ["workspace", "result"],
+    }
+    if schemas:
         # Stored with the definition and shown by Conductor (GET /metadata/taskdefs/NAME);
         # Conductor OSS does not enforce them (the worker validates every input itself).
-        "inputSchema": _schema(f"{defn.name}_input", input_schema(defn)),
-        "outputSchema": _schema(f"{defn.name}_output", output_schema(defn)),
-        "enforceSchema": False,
-    }
+        d["inputSchema"] = _schema(f"{defn.name}_input", input_schema(defn))
+        d["outputSchema"] = _schema(f"{defn.name}_output", output_schema(defn))
+        d["enforceSchema"] = False
+    return d
+
+
+def _summary(doc: str) -> str:
+    """A docstring's first paragraph, at most 200 characters: the definition's description."""
+    first = " ".join(doc.split("\n\n", 1)[0].split())
+    return first if len(first) <= 200 else first[:199] + "…"
 
 
 def _schema(name: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -638,9 +653,11 @@ class ConductorClient:
             what="register task definitions",
         )
 
-    def register_tasks(self, tasks: Sequence[TaskDefinition[Any, Any]]) -> None:
-        """Upsert the task definitions of Perago tasks."""
-        self.register_task_defs([task_def(t) for t in tasks])
+    def register_tasks(
+        self, tasks: Sequence[TaskDefinition[Any, Any]], *, schemas: bool = False
+    ) -> None:
+        """Upsert the task definitions of Perago tasks (with their JSON schemas: ``schemas``)."""
+        self.register_task_defs([task_def(t, schemas=schemas) for t in tasks])
 
     @_retry
     def task_def_exists(self, name: str) -> bool:

@@ -135,6 +135,7 @@ def register(
     workflows: Sequence[dict[str, Any]] = (),
     *,
     params_extra: str = "forbid",
+    schemas: bool = False,
 ) -> list[str]:
     """Upsert task definitions, then workflows; a workflow naming an unknown task is an error.
     Returns warnings: what the definitions risk without being wrong (a fork of tasks that
@@ -142,7 +143,8 @@ def register(
 
     The built-in write-audit-publish tasks (``perago.wap``) are added when a workflow uses
     them (their workers must still list ``perago.wap`` among their modules). Workflows are
-    checked as the workers will run them (``params_extra``: ``PERAGO_PARAMS_EXTRA``)."""
+    checked as the workers will run them (``params_extra``: ``PERAGO_PARAMS_EXTRA``). The task
+    definitions carry their JSON schemas only with ``schemas`` (``task_def`` says why)."""
     used = {name for wf in workflows for name, _ in worker_tasks(wf["tasks"])}
     given = {t.name for t in tasks}
     from perago import wap
@@ -150,7 +152,7 @@ def register(
     builtin = [t for t in (wap.perago_wap_begin, wap.perago_wap_publish) if t.name in used]
     tasks = [*tasks, *(t for t in builtin if t.name not in given)]
     if tasks:
-        conductor.register_tasks(tasks)
+        conductor.register_tasks(tasks, schemas=schemas)
     known = {t.name for t in tasks}
     for wf in workflows:
         for name, ref in worker_tasks(wf["tasks"]):

@@ -519,19 +519,29 @@ def test_register_refuses_a_misspelled_params_key_the_worker_would_refuse(
     assert ignored.returncode == 0, ignored.stderr
 
 
-def test_registered_task_definitions_carry_their_json_schemas(
+def test_registered_task_definitions_carry_their_json_schemas_only_when_asked(
     env: dict[str, str], unique: str
 ) -> None:
-    """Conductor stores each task's input and output schema with its definition."""
+    """Conductor copies a definition into every task it schedules: by default it stays small;
+    `perago register --schemas` stores each task's input and output schema with it."""
     import httpx
 
     from tests.integration.taskmods.tasks import WriteParams
 
     url = env["CONDUCTOR_SERVER_URL"].rstrip("/")
-    defn = httpx.get(f"{url}/metadata/taskdefs/pt_write_{unique}", timeout=10).json()
+    name = f"pt_write_{unique}"
+    plain = httpx.get(f"{url}/metadata/taskdefs/{name}", timeout=10).json()
+    assert plain["inputKeys"] == ["workspace", "params"]
+    assert "inputSchema" not in plain and "outputSchema" not in plain
+    done = perago_cli(["register", "--schemas", "tests.integration.taskmods.tasks"], env)
+    assert done.returncode == 0, done.stderr
+    defn = httpx.get(f"{url}/metadata/taskdefs/{name}", timeout=10).json()
     assert defn["inputSchema"]["data"]["properties"]["params"] == WriteParams.model_json_schema()
     assert defn["outputSchema"]["data"]["required"] == ["workspace", "result"]
     assert defn["enforceSchema"] is False
+    again = perago_cli(["register", "tests.integration.taskmods.tasks"], env)
+    assert again.returncode == 0, again.stderr
+    assert "inputSchema" not in httpx.get(f"{url}/metadata/taskdefs/{name}", timeout=10).json()
 
 
 def test_lease_extension_keeps_a_long_body_alive(

@@ -35,7 +35,11 @@ def test_decorated_function_keeps_its_types_and_options() -> None:
     assert d["name"] == "good_task"
     assert d["retryCount"] == 5 and d["responseTimeoutSeconds"] == 30
     assert d["timeoutSeconds"] >= d["responseTimeoutSeconds"]
-    # The models as JSON schemas, stored with the definition (Conductor OSS does not enforce).
+    # Small by default (Conductor copies it into every task it schedules): no schemas.
+    assert not {"inputSchema", "outputSchema", "enforceSchema"} & set(d)
+    assert d["inputKeys"] == ["workspace", "params"]
+    # Asked for: the models as JSON schemas (stored, not enforced by Conductor OSS).
+    d = task_def(good, schemas=True)
     assert d["inputSchema"]["name"] == "good_task_input" and d["inputSchema"]["type"] == "JSON"
     assert d["inputSchema"]["data"]["properties"]["params"] == P.model_json_schema()
     assert d["inputSchema"]["data"]["properties"]["workspace"]["required"] == [
@@ -45,6 +49,25 @@ def test_decorated_function_keeps_its_types_and_options() -> None:
     assert d["outputSchema"]["data"]["properties"]["result"] == R.model_json_schema()
     assert d["outputSchema"]["data"]["required"] == ["workspace", "result"]
     assert d["enforceSchema"] is False
+
+
+def test_a_definitions_description_is_its_docstrings_first_paragraph() -> None:
+    @task("described_task", workspace=WorkspaceSpec(prefix="a/"))
+    def described(workspace: Path, params: P) -> R:
+        """Clean the orders
+        of one day.
+
+        Everything below the first paragraph stays out of Conductor's copy of it."""
+        return R(ok=True)
+
+    @task("long_task", workspace=WorkspaceSpec(prefix="a/"))
+    def long(workspace: Path, params: P) -> R:
+        return R(ok=True)
+
+    long.fn.__doc__ = "word " * 100
+    assert task_def(described)["description"] == "Clean the orders of one day."
+    assert len(task_def(long)["description"]) == 200
+    assert task_def(long)["description"].endswith("…")
 
 
 @pytest.mark.parametrize(
