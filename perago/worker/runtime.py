@@ -31,7 +31,7 @@ from perago.core.orchestrator import AttemptLedger, Outcome, Status, StepOutputs
 from perago.core.parallel import run_parallel
 from perago.core.retry_policy import body_retry_wait
 from perago.core.step_lineage import ParentSteps, step_lineage
-from perago.core.store import VersionStore
+from perago.core.store import Commit, VersionStore
 from perago.errors import (
     AttemptFenceError,
     BodyTriesExhausted,
@@ -89,8 +89,12 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: A full lakeFS commit id (64 hex digits): checked through the branch it is read with.
+#: A full lakeFS commit id (64 hex digits): immutable (cached), and checked by the access
+#: policy through the branch it is read with.
 _COMMIT_ID = re.compile(r"^[0-9a-f]{64}$")
+#: How long a process trusts that a target branch it read exists: a pinned fan-out's
+#: siblings skip that read (a branch deleted meanwhile fails the publication instead).
+BRANCH_SEEN_SECONDS = 30.0
 
 #: Inputs a write-audit-publish publication records at most (commit metadata stays small).
 WAP_INPUTS_LIMIT = 200
@@ -216,6 +220,8 @@ class AttemptRunner:
             else None
         )
         self._input_downloads = OneDownloadAtATime()
+        #: (repository, branch) -> when this process last read that target branch.
+        self._branches_seen: dict[tuple[str, str], float] = {}
         self._policy = settings.access_policy()
         self._publisher = Publisher(
             store,
@@ -343,41 +349,33 @@ class AttemptRunner:
             )
         overrides = input_overrides(defn, raw.get("inputs"))
         self._check_policy(defn, ws, params)
-        try:
-            head = self._store.branch_head(ws.repository, ws.branch)
-        except NotFoundError as e:  # which is missing: asked only then (a request less)
-            if not self._store.repository_exists(ws.repository):
-                raise GuardrailError(
-                    f"lakeFS repository {ws.repository!r} does not exist; create it or fix "
-                    "the workflow input"
-                ) from e
-            raise GuardrailError(
-                f"branch {ws.branch!r} does not exist in {ws.repository!r}; create it or fix the "
-                "workflow input"
-            ) from e
         if ws.after is not None and ws.ref is not None:
             raise GuardrailError(
                 'workspace input has both "ref" and "after": a join starts from the branch '
                 'head and checks it contains the "after" refs; drop "ref"'
             )
         if ws.ref is None:
+            head = self._target_head(ws.repository, ws.branch)
             input_ref = unpinned_input_ref(self._store, ws.repository, head, me)
             if ws.after:
                 check_contains(self._store, ws.repository, ws.branch, input_ref, ws.after)
+            inputs_at = head
         else:
+            if not self._branch_seen_lately(ws.repository, ws.branch):
+                self._target_head(ws.repository, ws.branch)
             try:
-                input_ref = self._store.get_commit(ws.repository, ws.ref).id
+                input_ref = self._commit(ws.repository, ws.ref).id
             except NotFoundError as e:
                 raise GuardrailError(
                     f"ref {ws.ref!r} does not exist in {ws.repository!r}; pass a commit id "
                     "(or omit ref to start from the branch head)"
                 ) from e
+            inputs_at = input_ref
         target = WorkspaceTarget(ws.repository, ws.branch, input_ref)
         # Pinned: inputs at the pinned commit, so a retry reads what its attempt read.
         # Unpinned: at the head this attempt starts from, even when a retry's workspace starts
         # from its earlier attempt's input ref (to replace that publication): each attempt
         # reads its inputs afresh (else a serializable retry would be refused forever, F7).
-        inputs_at = input_ref if ws.ref is not None else head
         reads = resolve_inputs(
             self._store,
             defn,
@@ -389,6 +387,36 @@ class AttemptRunner:
         )
         serializable = defn.workspace.isolation == "serializable"
         return replace(target, reads=reads, serializable=serializable), params
+
+    def _target_head(self, repository: str, branch: str) -> str:
+        """The target branch's head; a GuardrailError saying which is missing, if one is."""
+        try:
+            head = self._store.branch_head(repository, branch)
+        except NotFoundError as e:  # which is missing: asked only then (a request less)
+            if not self._store.repository_exists(repository):
+                raise GuardrailError(
+                    f"lakeFS repository {repository!r} does not exist; create it or fix "
+                    "the workflow input"
+                ) from e
+            raise GuardrailError(
+                f"branch {branch!r} does not exist in {repository!r}; create it or fix the "
+                "workflow input"
+            ) from e
+        self._branches_seen[(repository, branch)] = time.monotonic()
+        return head
+
+    def _branch_seen_lately(self, repository: str, branch: str) -> bool:
+        """Whether this process read the branch within ``BRANCH_SEEN_SECONDS``: a pinned
+        attempt needs only to know it exists, and its fan-out siblings ask the same."""
+        seen = self._branches_seen.get((repository, branch))
+        return seen is not None and time.monotonic() - seen < BRANCH_SEEN_SECONDS
+
+    def _commit(self, repository: str, ref: str) -> Commit:
+        """A pinned input ref's commit: a commit id through the publisher's per-process cache
+        (commits never change), a branch or tag name from lakeFS each time."""
+        if _COMMIT_ID.fullmatch(ref):
+            return self._publisher.first_parents.commit(repository, ref)
+        return self._store.get_commit(repository, ref)
 
     def _check_policy(
         self, defn: TaskDefinition[Any, Any], ws: WorkspaceInput, params: Any

@@ -295,6 +295,42 @@ def test_pre_guardrail_failures_are_terminal(
     assert store.branch_head("repo", "main") == base
 
 
+def test_pinned_siblings_read_the_target_branch_and_the_input_commit_once_per_process(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pinned fan-out's attempts on one worker ask lakeFS once whether the target branch
+    exists and what the input commit is (a commit id never changes); a branch name given as
+    ``ref`` is read every time, and a branch not seen lately is read again."""
+    from perago.worker import runtime
+
+    reads: list[str] = []
+    for name in ("branch_head", "get_commit"):
+        real = getattr(store, name)
+        monkeypatch.setattr(
+            store, name, lambda *a, _real=real, _name=name: (reads.append(_name), _real(*a))[1]
+        )
+    runner = AttemptRunner(store, stub, settings(tmp_path))
+    base = store.branch_head("repo", "main")
+    reads.clear()
+
+    def run_reader(ref: str) -> None:
+        stub.submit("reader", {"workspace": ws(ref=ref), "params": {}}, workflow_id=f"wf{ref}")
+        (delivery,) = stub.poll("reader", worker_id="w1", count=1)
+        assert runner.run(reader, delivery).outcome.status == "COMPLETED"
+
+    run_reader(base)
+    assert reads.count("branch_head") == 1 and reads.count("get_commit") == 1
+    run_reader(base)
+    run_reader(base)
+    assert reads.count("branch_head") == 1 and reads.count("get_commit") == 1
+    run_reader("main")  # a name: resolved every time
+    run_reader("main")
+    assert reads.count("branch_head") == 1 and reads.count("get_commit") == 3
+    monkeypatch.setattr(runtime, "BRANCH_SEEN_SECONDS", 0.0)
+    run_reader(base)
+    assert reads.count("branch_head") == 2
+
+
 def test_missing_workspace_input_is_terminal(
     stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
 ) -> None:
