@@ -37,6 +37,7 @@ import structlog
 from perago.coord.branch_leases import BranchLeases, HeldLease
 from perago.core.store import Commit
 from perago.errors import LeaseBusyError, LeaseEndedError
+from perago.publish.deliveries import LocalDeliveries
 from perago.publish.identity import AttemptIdentity
 from perago.publish.scope import overlaps
 from perago.telemetry import metrics
@@ -62,6 +63,8 @@ MAX_SECONDS = 2.0
 POLL_SECONDS = 0.1
 #: A member waiting for its turn wakes this often, so that the drain's interrupt reaches it.
 TURN_SLICE_SECONDS = 0.5
+#: A re-delivery waiting out report windows looks this often whether it may stop sooner.
+WINDOW_LOOK_SECONDS = 0.1
 #: A report window: how long after an attempt left the branch lease its COMPLETED may still
 #: land on Conductor. It is sent in the first ``REPORT_SEND_SECONDS`` of it (the rest is for a
 #: request in flight); a re-delivery waits the window's length times the clock-skew rate.
@@ -101,8 +104,11 @@ class LeaseGroups:
         max_members: int = MAX_MEMBERS,
         max_seconds: float = MAX_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        deliveries: LocalDeliveries | None = None,
     ) -> None:
         self._leases = leases
+        #: This process's deliveries, when the worker tells (a re-delivery's wait ends sooner).
+        self.deliveries = deliveries
         self._max_members = max_members
         self._max_seconds = max_seconds
         self._clock = clock
@@ -353,14 +359,19 @@ class GroupMember:
         delivery's report window of its task id has closed, whatever that delivery's clock
         (the window's length times the clock-skew rate). Each of those windows opened before
         this grant was taken, and none opens while it is held (a step never shares a grant).
-        Renews the grant as it waits; returns the seconds waited."""
+        The wait ends sooner once every earlier delivery is known to have ended in this
+        process (``LocalDeliveries``); a later one is stopped by the attempt fence that
+        follows. Renews the grant as it waits; returns the seconds waited."""
         lease = self.group.lease
-        wait = REPORT_WINDOW_SECONDS * lease.manager.skew
-        deadline = time.monotonic() + wait
+        started = time.monotonic()
+        deadline = started + REPORT_WINDOW_SECONDS * lease.manager.skew
+        local = self._groups.deliveries
         while (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(left, TURN_SLICE_SECONDS))  # slices: the drain's interrupt
+            if local is not None and local.earlier_ended_here(self.me.task_id, self.me.poll_count):
+                break
+            time.sleep(min(left, WINDOW_LOOK_SECONDS))  # slices: the drain's interrupt
             self.refresh()
-        return wait
+        return time.monotonic() - started
 
     def release(self) -> None:
         """Leave the group; the last member to leave releases the grant before returning."""

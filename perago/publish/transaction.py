@@ -29,6 +29,7 @@ from perago.errors import (
     StoreError,
     WorkspaceError,
 )
+from perago.publish.deliveries import LocalDeliveries
 from perago.publish.fences import (
     AttemptLedger,
     HeadDecision,
@@ -162,6 +163,7 @@ class Publisher:
         parallelism: int = 25,
         leases: BranchLeases | None = None,
         cache: ContentCache | None = None,
+        deliveries: LocalDeliveries | None = None,
     ) -> None:
         self._store = store
         self._cache = cache
@@ -169,7 +171,7 @@ class Publisher:
         self._worker_id = worker_id
         self._parallelism = parallelism
         self._leases = leases
-        self._groups = None if leases is None else LeaseGroups(leases)
+        self._groups = None if leases is None else LeaseGroups(leases, deliveries=deliveries)
         self._first_parents = FirstParents(store)
 
     @property

@@ -34,6 +34,7 @@ from perago.errors import (
     ReportWindowClosedError,
     WorkerShutdown,
 )
+from perago.publish.deliveries import LocalDeliveries
 from perago.publish.fences import check_attempt, check_current
 from perago.publish.group_commit import GroupMember
 from perago.publish.transaction import release_lease
@@ -133,7 +134,11 @@ class Worker:
         self._spark = spark
         self._store = store
         self._leases = leases
-        self._runner = AttemptRunner(store, orchestrator, settings, spark=spark, leases=leases)
+        #: Deliveries of each task id run here: a re-delivery's window wait may end sooner.
+        self._deliveries = LocalDeliveries()
+        self._runner = AttemptRunner(
+            store, orchestrator, settings, spark=spark, leases=leases, deliveries=self._deliveries
+        )
         self._records = AttemptRecords(settings.work_dir)
         self._inflight: dict[DeliveryKey, _Delivery] = {}
         self._poll_failures = 0
@@ -383,6 +388,7 @@ class Worker:
 
     def _start(self, snapshot: TaskSnapshot) -> None:
         delivery = self._delivery(snapshot)
+        self._deliveries.started(snapshot.task_id, snapshot.poll_count)
         if self._tasks[snapshot.task_type].is_async:
             bodies = self._async_bodies()
             delivery.running = Running(bodies.loop)
@@ -524,6 +530,7 @@ class Worker:
         delivery.stop_extending.set()
         delivery.after_report.close()
         metrics.IN_FLIGHT.dec()
+        self._deliveries.ended(*delivery.key)
         with self._lock:
             self._inflight.pop(delivery.key, None)
             self._lock.notify_all()

@@ -48,6 +48,7 @@ from perago.errors import (
     WorkerShutdown,
 )
 from perago.publish import AttemptIdentity, Publication, Publisher, WorkspaceTarget
+from perago.publish.deliveries import LocalDeliveries
 from perago.publish.fences import check_attempt
 from perago.publish.group_commit import GroupMember
 from perago.publish.joins import check_contains, unpinned_input_ref
@@ -208,6 +209,7 @@ class AttemptRunner:
         *,
         spark: Callable[[], Any] | None = None,
         leases: BranchLeases | None = None,
+        deliveries: LocalDeliveries | None = None,
     ) -> None:
         self._store = store
         self._ledger = ledger
@@ -230,6 +232,7 @@ class AttemptRunner:
             parallelism=settings.transfer_parallelism,
             leases=leases,
             cache=self.cache,
+            deliveries=deliveries,
         )
 
     def run(

@@ -609,6 +609,25 @@ def test_killed_at_a_step_boundary_the_retry_completes_once(
     assert not leases.held("repo", "main")
 
 
+def test_the_worker_tells_its_lease_groups_which_deliveries_ran_and_ended_here(
+    stub: StubOrchestrator, store: MemoryStore, tmp_path: Path
+) -> None:
+    """What lets a re-delivery on the same worker stop waiting out report windows once its
+    earlier delivery has ended (perago.publish.deliveries): the worker records each delivery
+    it starts and ends, in the object its publisher's lease groups read."""
+    leases = memory_leases(Clock())
+    with running(stub, store, tmp_path, leases=leases) as worker:
+        local = worker._deliveries
+        groups = worker._runner._publisher._groups
+        assert groups is not None and groups.deliveries is local
+        wid = step(stub)
+        assert settle(stub, wid).status == "COMPLETED"
+        task_id = stub.final(wid).task_id
+        stub.wait_for(lambda s: worker.in_flight() == 0)
+    assert local.earlier_ended_here(task_id, 2)
+    assert not local.earlier_ended_here(task_id, 3)  # poll count 2 was never seen here
+
+
 def _replacement_frozen_before_its_reset(stub: StubOrchestrator, freezer: Freezer) -> str:
     """The first attempt frozen after publishing and timed out; its retry, replacing that
     publication, frozen under the branch lease just before the hard reset."""

@@ -1,0 +1,52 @@
+"""Which deliveries of each task id this worker process has run, and which still run.
+
+Conductor may hand out a task again while a worker still runs it (a second poll of an
+in-progress task, seen under load on the 3.32.3 server). That re-delivery waits out every
+other delivery's report window before it may fence (docs/protocol.md, report windows): 15 s
+in general, since another process's window closes on that process's clock. When every
+earlier delivery of the task id (poll counts 1 to n-1) was this process's own and has
+ended, none of them has a window open or can open one, and the wait ends at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+__all__ = ["LocalDeliveries"]
+
+#: Task ids remembered; an older one is forgotten (its re-delivery then waits in full).
+MAX_TASKS = 50_000
+
+
+class LocalDeliveries:
+    """Deliveries this process started, per task id: running or ended (thread-safe)."""
+
+    def __init__(self, max_tasks: int = MAX_TASKS) -> None:
+        self._max = max_tasks
+        self._lock = threading.Lock()
+        #: task id -> poll count -> still running
+        self._tasks: OrderedDict[str, dict[int, bool]] = OrderedDict()
+
+    def started(self, task_id: str, poll_count: int) -> None:
+        with self._lock:
+            polls = self._tasks.setdefault(task_id, {})
+            self._tasks.move_to_end(task_id)
+            polls[poll_count] = True
+            while len(self._tasks) > self._max:
+                self._tasks.popitem(last=False)
+
+    def ended(self, task_id: str, poll_count: int) -> None:
+        """The delivery is over: reported (every window closed) or given up."""
+        with self._lock:
+            polls = self._tasks.get(task_id)
+            if polls is not None and poll_count in polls:
+                polls[poll_count] = False
+
+    def earlier_ended_here(self, task_id: str, poll_count: int) -> bool:
+        """Whether every earlier delivery of the task id was this process's and has ended."""
+        if poll_count <= 1:
+            return True
+        with self._lock:
+            polls = self._tasks.get(task_id)
+            return polls is not None and all(polls.get(k) is False for k in range(1, poll_count))
