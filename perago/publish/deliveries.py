@@ -5,7 +5,9 @@ in-progress task, seen under load on the 3.32.3 server). That re-delivery waits 
 other delivery's report window before it may fence (docs/protocol.md, report windows): 15 s
 in general, since another process's window closes on that process's clock. When every
 earlier delivery of the task id (poll counts 1 to n-1) was this process's own and has
-ended, none of them has a window open or can open one, and the wait ends at once.
+ended with no COMPLETED that could still land (Conductor showed it, or none was sent),
+none of them has a window open or can open one, and the wait ends at once. The worker
+marks a delivery ended only then; one whose COMPLETED is in doubt stays "running".
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class LocalDeliveries:
                 self._tasks.popitem(last=False)
 
     def ended(self, task_id: str, poll_count: int) -> None:
-        """The delivery is over: reported (every window closed) or given up."""
+        """The delivery is over, and no COMPLETED of it can land any more."""
         with self._lock:
             polls = self._tasks.get(task_id)
             if polls is not None and poll_count in polls:

@@ -77,6 +77,9 @@ class _Delivery:
     after_report: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     stop_extending: threading.Event = field(default_factory=threading.Event)
     trace: tracing.AttemptTrace | None = None
+    #: Its COMPLETED has been sent and is not known to have landed: it might land still, so
+    #: a re-delivery on this worker waits its report windows out in full (``_close``).
+    completed_in_doubt: bool = True
 
     @property
     def key(self) -> DeliveryKey:
@@ -516,7 +519,7 @@ class Worker:
         delivery.control.phase = Phase.REPORT
         if delivery.trace is not None:
             delivery.trace.phase("report")
-        self._report(delivery.snapshot, finished, delivery.updates)
+        delivery.completed_in_doubt = self._report(delivery.snapshot, finished, delivery.updates)
         if delivery.trace is not None:
             delivery.trace.end(finished.outcome.status, finished.outcome.reason)
         delivery.control.phase = Phase.AFTER_REPORT
@@ -530,7 +533,8 @@ class Worker:
         delivery.stop_extending.set()
         delivery.after_report.close()
         metrics.IN_FLIGHT.dec()
-        self._deliveries.ended(*delivery.key)
+        if not delivery.completed_in_doubt:
+            self._deliveries.ended(*delivery.key)
         with self._lock:
             self._inflight.pop(delivery.key, None)
             self._lock.notify_all()
@@ -556,10 +560,11 @@ class Worker:
             if delivery.stop_extending.is_set() or not await bodies.call(extension.once):
                 return
 
-    def _report(self, snapshot: TaskSnapshot, finished: Finished, updates: TaskUpdates) -> None:
+    def _report(self, snapshot: TaskSnapshot, finished: Finished, updates: TaskUpdates) -> bool:
         """Report the outcome. A publication that holds the branch lease leaves it first and
         sends COMPLETED inside the report window that opens (FAILED once it has closed: a
-        re-delivery of the task id may be publishing then; docs/model-check.md, F3)."""
+        re-delivery of the task id may be publishing then; docs/model-check.md, F3).
+        Returns whether a COMPLETED was sent without Conductor showing it (it may land yet)."""
         outcome, lease = finished.outcome, finished.lease
         fields = {
             "workflow_id": snapshot.workflow_id,
@@ -570,7 +575,8 @@ class Worker:
         worker_id = self._settings.worker_id
 
         if outcome.status != "COMPLETED" and self._delivered_again(snapshot, fields):
-            return
+            return False
+        in_doubt = outcome.status == "COMPLETED"
 
         def send() -> None:
             self._orchestrator.report(snapshot, outcome, worker_id=worker_id)
@@ -602,7 +608,7 @@ class Worker:
                 log.warning("guarded_report_refused", error=e.message, **fields)
                 fields["status"] = "FAILED"
                 if self._delivered_again(snapshot, fields):
-                    return
+                    return in_doubt
                 metrics.REPORT_PROBLEMS.labels("report_window_closed").inc()
                 failed = Outcome(
                     "FAILED",
@@ -616,20 +622,21 @@ class Worker:
             # Conductor times the attempt out and retries it; the retry decides from HEAD.
             metrics.REPORT_PROBLEMS.labels("report_failed").inc()
             log.error("report_failed", error=e.message, **fields)
-            return
+            return in_doubt
         except Exception as e:  # noqa: BLE001 - logged and counted, never silent
             metrics.REPORT_PROBLEMS.labels("report_crashed").inc()
             log.error("report_failed", error=describe(e), traceback=bounded_traceback(e), **fields)
-            return
+            return in_doubt
         finally:
             if lease is not None:  # a publication that did not complete
                 with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):
                     release_lease(lease, wait=True)
         if landed is Landing.LANDED:
             log.info("attempt_reported", **fields)
-            return
+            return in_doubt and fields["status"] != "COMPLETED"
         metrics.REPORT_PROBLEMS.labels(f"report_{landed.value}").inc()
         log.warning("report_not_shown", landing=landed.value, **fields)
+        return in_doubt
 
     def _leave_for_report(self, snapshot: TaskSnapshot, member: GroupMember) -> None:
         with structlog.contextvars.bound_contextvars(task_id=snapshot.task_id):

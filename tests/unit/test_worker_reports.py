@@ -43,7 +43,7 @@ class Runner:
 
 def _attempt(
     conductor: StubOrchestrator, runner: Runner, tmp_path: Path, *, delivered_again: bool = False
-) -> None:
+) -> Worker:
     """One delivery run to its report; ``delivered_again``: Conductor delivered its task id
     again (to a delivery that lives on, not run here) before it reports."""
     settings = config.load(env={"PERAGO_WORK_DIR": str(tmp_path)})
@@ -60,6 +60,7 @@ def _attempt(
         if t.name.startswith(f"perago-attempt-{delivery.task_id}"):
             t.join(10)
     assert w.in_flight() == 0
+    return w
 
 
 def _count(reason: str) -> float:
@@ -263,9 +264,12 @@ def test_a_completed_that_misses_its_window_is_sent_in_another_under_the_lease_t
     _busy_windows(monkeypatch, conductor)
     reopened = _count("report_window_reopened")
     with structlog.testing.capture_logs() as logs:
-        _attempt(conductor, SnapshotRunner(leases), tmp_path)
+        w = _attempt(conductor, SnapshotRunner(leases), tmp_path)
     assert [u.outcome.status for u in conductor.reports() if u.outcome] == ["COMPLETED"]
     assert _count("report_window_reopened") == reopened + 1
+    # Conductor shows its COMPLETED: a re-delivery on this worker need not wait for it.
+    (task,) = conductor.reports()
+    assert w._deliveries.earlier_ended_here(task.task_id, 2)
     events = [e["event"] for e in logs]
     assert events.count("report_window_closed") == 1 and "attempt_reported" in events
     assert leases.manager("r").holder("branches/r/main") is None
@@ -283,9 +287,12 @@ def test_a_completed_that_conductor_does_not_take_in_any_window_becomes_failed(
     conductor = BusyConductor(busy=99)
     _busy_windows(monkeypatch, conductor)
     closed = _count("report_window_closed")
-    _attempt(conductor, SnapshotRunner(leases), tmp_path)
+    w = _attempt(conductor, SnapshotRunner(leases), tmp_path)
     (report,) = [u.outcome for u in conductor.reports() if u.outcome]
     assert report.status == "FAILED" and "report window closed" in report.reason
+    # Its COMPLETED was sent and never shown: a re-delivery here waits the windows out.
+    (task,) = conductor.reports()
+    assert not w._deliveries.earlier_ended_here(task.task_id, 2)
     assert conductor.opened == report_module.REPORT_WINDOWS
     assert _count("report_window_closed") == closed + 1
     assert leases.manager("r").holder("branches/r/main") is None
