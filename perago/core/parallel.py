@@ -13,6 +13,8 @@ __all__ = ["run_parallel"]
 T = TypeVar("T")
 #: The calling thread looks at its lanes after 1 ms, then twice as long each time, up to this.
 _LOOK_SECONDS = 0.05
+#: What the lanes' iterator gives once it has no item left.
+_END = object()
 
 
 class _Lanes(Generic[T]):
@@ -41,8 +43,6 @@ class _Lanes(Generic[T]):
         finally:
             self.ended.append(None)
 
-
-_END = object()
 
 
 def run_parallel(items: Iterable[T], fn: Callable[[T], None], *, parallelism: int) -> None:
