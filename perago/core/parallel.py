@@ -44,7 +44,6 @@ class _Lanes(Generic[T]):
             self.ended.append(None)
 
 
-
 def run_parallel(items: Iterable[T], fn: Callable[[T], None], *, parallelism: int) -> None:
     """Run ``fn`` over ``items`` on ``parallelism`` threads; the first failure stops the rest.
 
