@@ -63,6 +63,10 @@ class Transfer(ABC):
     wants_headers: bool = False
     #: False: a request that may have landed is never sent a second time.
     idempotent: bool = True
+    #: The whole request's limit in seconds (besides the connection's read timeout).
+    timeout: float | None = None
+    #: False: 429 and 5xx answers go to ``ended`` like any other (the caller decides).
+    retries_statuses: bool = True
 
     @abstractmethod
     def begin(self) -> Callable[[bytes], object]:
@@ -97,7 +101,7 @@ class Reply:
 
 
 class _Request(Transfer):
-    """One request whose whole answer is kept (listings, links, small writes)."""
+    """One request whose whole answer is kept (listings, metadata calls, small writes)."""
 
     def __init__(
         self,
@@ -107,8 +111,11 @@ class _Request(Transfer):
         body: bytes | None,
         what: str,
         idempotent: bool,
+        timeout: float | None = None,
+        retries_statuses: bool = True,
     ) -> None:
         self.method, self.url, self.body, self.idempotent = method, url, body, idempotent
+        self.timeout, self.retries_statuses = timeout, retries_statuses
         self.headers = (*(f"{k}: {v}" for k, v in headers.items()), "Expect:")
         self.wants_headers = True
         self._what = what
@@ -245,10 +252,14 @@ class CurlPool:
         headers: Mapping[str, str],
         body: bytes | None = None,
         idempotent: bool = True,
+        timeout: float | None = None,
+        retries_statuses: bool = True,
     ) -> Reply:
         """One request, its whole answer buffered; no answer at all raises a StoreError
-        (after the retry policy's tries, if ``idempotent``)."""
-        call = _Request(method, url, headers, body, what, idempotent)
+        (after the retry policy's tries, if ``idempotent``). ``timeout``: the whole
+        request's limit in seconds. ``retries_statuses`` False: a 429 or 5xx answer is
+        returned like any other, for a caller whose own policy reads the status."""
+        call = _Request(method, url, headers, body, what, idempotent, timeout, retries_statuses)
         self.run([call], concurrency=1)
         assert call.reply is not None
         return call.reply
@@ -296,6 +307,11 @@ def _run(
         h = slot.handle
         h.setopt(pycurl.URL, t.url)
         h.setopt(pycurl.HTTPHEADER, list(t.headers))
+        h.setopt(pycurl.TIMEOUT_MS, 0 if t.timeout is None else max(1, int(t.timeout * 1000)))
+        if t.method in ("GET", "POST", "PUT"):
+            h.unsetopt(pycurl.CUSTOMREQUEST)
+        else:  # DELETE: sent without a body
+            h.setopt(pycurl.CUSTOMREQUEST, t.method)
         if t.body is None:
             h.setopt(pycurl.HTTPGET, 1)
         else:
@@ -330,7 +346,7 @@ def _run(
         try:
             if curl_error is not None:
                 raise TransientStoreError(curl_error)
-            if status in _TRANSIENT_STATUS:
+            if status in _TRANSIENT_STATUS and t.retries_statuses:
                 raise TransientStoreError(f"HTTP {status}: {bytes(slot.head)[:200]!r}")
             done = t.ended(status, bytes(slot.head), slot.headers)
         except TransientStoreError as e:

@@ -1,8 +1,10 @@
 """The only module that talks to lakeFS.
 
-Metadata calls go through the generated ``lakefs_sdk``; object bytes go through
-:mod:`perago.adapters.objects` and listings over the same libcurl engine (the generated
-client buffers whole bodies in memory, and costs more CPU per request). Every error is
+The calls every publication makes (branches created, read and deleted, commits read and
+made, the merge, first-parent history), object bytes (:mod:`perago.adapters.objects`) and
+listings go over one libcurl engine as plain JSON: the generated ``lakefs_sdk`` costs about
+four times the CPU per request (its models and urllib3; docs/benchmarks.md, (l)), and
+buffers whole bodies in memory. The rarer calls keep the generated client. Every error is
 translated into a :class:`perago.errors.StoreError` subclass.
 """
 
@@ -57,14 +59,19 @@ def _check(status: int, data: bytes, what: str) -> None:
         raise error_for(status, "", data[:300].decode(errors="replace"), what)
 
 
-def _commit(c: Any) -> Commit:
+def _commit(c: dict[str, Any]) -> Commit:
     return Commit(
-        id=c.id,
-        parents=tuple(c.parents or ()),
-        message=c.message or "",
-        metadata=dict(c.metadata or {}),
-        created=int(getattr(c, "creation_date", 0) or 0),
+        id=c["id"],
+        parents=tuple(c.get("parents") or ()),
+        message=c.get("message") or "",
+        metadata=dict(c.get("metadata") or {}),
+        created=int(c.get("creation_date") or 0),
     )
+
+
+def _part(name: str) -> str:
+    """A repository, branch or ref as one segment of a URL path."""
+    return quote(name, safe="")
 
 
 class LakeFSConnection(Protocol):
@@ -155,6 +162,40 @@ class LakeFSStore:
                 f"lakeFS {what} failed: cannot reach {self._base} ({e}); is lakeFS running?"
             ) from e
 
+    def _json(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        body: dict[str, Any] | None = None,
+        idempotent: bool = True,
+        timeout: float | None = None,
+    ) -> Any:
+        """One call as plain JSON over the libcurl engine (``path`` under the API root).
+
+        A status says what it always says (:func:`error_for`); retries are the caller's
+        (``_retry_idempotent``, or none for the writes that move heads)."""
+        headers = {**self._auth, "Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body).encode()
+        reply = self._curl.request(
+            method,
+            self._base + path,
+            f"lakeFS {what}",
+            headers=headers,
+            body=data,
+            idempotent=idempotent,
+            timeout=timeout,
+            retries_statuses=False,
+        )
+        _check(reply.status, reply.data, f"lakeFS {what}")
+        if "json" not in reply.headers.get("content-type", ""):
+            return reply.data.decode(errors="replace") or None  # a created branch's text
+        return json.loads(reply.data)
+
     # -- repositories and refs ------------------------------------------------------------
 
     @_retry_idempotent
@@ -217,48 +258,53 @@ class LakeFSStore:
 
     @_retry_idempotent
     def branch_head(self, repository: str, branch: str) -> str:
-        ref = self._call(
-            f"get branch {repository}/{branch}", self.branches.get_branch, repository, branch
+        ref = self._json(
+            "GET",
+            f"/repositories/{_part(repository)}/branches/{_part(branch)}",
+            f"get branch {repository}/{branch}",
         )
-        return str(ref.commit_id)
+        return str(ref["commit_id"])
 
     @_retry_idempotent
     def get_commit(self, repository: str, ref: str) -> Commit:
         return _commit(
-            self._call(f"get commit {repository}@{ref}", self.commits.get_commit, repository, ref)
+            self._json(
+                "GET",
+                f"/repositories/{_part(repository)}/commits/{_part(ref)}",
+                f"get commit {repository}@{ref}",
+            )
         )
 
     @_retry_idempotent
     def log(self, repository: str, ref: str, *, amount: int = 50) -> list[Commit]:
         """First-parent history of ``ref``, newest first."""
-        result = self._call(
+        query = urlencode({"amount": amount, "first_parent": "true", "limit": "true"})
+        result = self._json(
+            "GET",
+            f"/repositories/{_part(repository)}/refs/{_part(ref)}/commits?{query}",
             f"log {repository}@{ref}",
-            self.refs.log_commits,
-            repository,
-            ref,
-            amount=amount,
-            first_parent=True,
-            limit=True,
         )
-        return [_commit(c) for c in result.results]
+        return [_commit(c) for c in result["results"]]
 
     @_retry_idempotent
     def create_branch(
         self, repository: str, name: str, source: str, *, hidden: bool = False
     ) -> None:
         """``hidden``: left out of users' branch lists (lakeFS UI, ``lakectl branch list``)."""
-        self._call(
+        self._json(
+            "POST",
+            f"/repositories/{_part(repository)}/branches",
             f"create branch {repository}/{name}",
-            self.branches.create_branch,
-            repository,
-            lakefs_sdk.BranchCreation(name=name, source=source, hidden=hidden),
+            body={"name": name, "source": source, "hidden": hidden},
         )
 
     @_retry_idempotent
     def delete_branch(self, repository: str, name: str) -> None:
         with contextlib.suppress(NotFoundError):
-            self._call(
-                f"delete branch {repository}/{name}", self.branches.delete_branch, repository, name
+            self._json(
+                "DELETE",
+                f"/repositories/{_part(repository)}/branches/{_part(name)}",
+                f"delete branch {repository}/{name}",
             )
 
     @_retry_idempotent
@@ -343,12 +389,12 @@ class LakeFSStore:
         self, repository: str, branch: str, *, message: str, metadata: dict[str, str]
     ) -> Commit:
         return _commit(
-            self._call(
+            self._json(
+                "POST",
+                f"/repositories/{_part(repository)}/branches/{_part(branch)}/commits",
                 f"commit on {repository}/{branch}",
-                self.commits.commit,
-                repository,
-                branch,
-                lakefs_sdk.CommitCreation(message=message, metadata=metadata),
+                body={"message": message, "metadata": metadata},
+                idempotent=False,
             )
         )
 
@@ -362,16 +408,15 @@ class LakeFSStore:
         metadata: dict[str, str],
         timeout: float | None = None,
     ) -> str:
-        result = self._call(
+        result = self._json(
+            "POST",
+            f"/repositories/{_part(repository)}/refs/{_part(source)}/merge/{_part(destination)}",
             f"merge {source} into {repository}/{destination}",
-            self.refs.merge_into_branch,
-            repository,
-            source,
-            destination,
-            merge=lakefs_sdk.Merge(message=message, metadata=metadata),
+            body={"message": message, "metadata": metadata},
+            idempotent=False,
             timeout=timeout,
         )
-        return str(result.reference)
+        return str(result["reference"])
 
     def revert(self, repository: str, branch: str, commit: str, *, parent_number: int) -> str:
         """Commit the undoing of ``commit`` on ``branch``; returns the new head.
