@@ -105,6 +105,11 @@ def _environment(cfg: Config, s: State) -> list[Transition]:
         if s.windows >> slot & 1:  # report windows: the reporter paused past its end
             label = f"{attempt_name(cfg, slot)}'s report window ends (its reporter is paused)"
             out.append((CLOCK, label, s._replace(windows=s.windows & ~(1 << slot)), False))
+        a = s.attempts[slot]
+        if a is not None and a.fresh:  # FENCE_FRESH_SECONDS pass (the attempt is paused)
+            label = f"{attempt_name(cfg, slot)}'s attempt fence goes stale (it is paused)"
+            attempts = (*s.attempts[:slot], a._replace(fresh=False), *s.attempts[slot + 1 :])
+            out.append((CLOCK, label, s._replace(attempts=attempts), False))
     return out
 
 

@@ -35,8 +35,12 @@ MECHANISMS: dict[str, str] = {
     "report-window": "COMPLETED is reported under the branch lease and the lease released after "
     "the report (the code from df3d7a7 until issue 41): an attempt does not leave the lease "
     "before its report, and a grant ends at its members' last report",
-    "window-wait": "a re-delivered attempt (poll count > 1) does not wait, after taking the "
-    "branch lease, until every other delivery's report window of its task id has closed",
+    "window-wait": "a re-delivered attempt (poll count > 1) does not wait, before taking the "
+    "branch lease, until every earlier delivery's report window of its task id has closed",
+    "fresh-fence": "a report window opens however long ago the delivery's attempt fence "
+    "passed, where as coded it opens only within FENCE_FRESH_SECONDS of that fence (closed "
+    "at once otherwise: the second window's lease and fence follow); a re-delivery's wait "
+    "then leaves windows that open after it (modelled with --redelivery only)",
     "report-again": "a COMPLETED whose report window closed is reported FAILED at once (the "
     "code from issue 41 until 2026-11-28), where as coded the delivery takes the branch lease "
     "again, re-runs the attempt fence under it and reports in a second window",
@@ -131,6 +135,14 @@ class Config:
     def report_window(self) -> bool:
         """COMPLETED reported in a window after leaving the lease (issue 41), not under it."""
         return self.guarded_report and self.has("report-window")
+
+    @property
+    def fresh_fences(self) -> bool:
+        """A report window opens only while the delivery's last attempt fence is fresh (the
+        code's ``FENCE_FRESH_SECONDS``). Only a re-delivery's wait depends on it: without
+        re-deliveries a stale fence only closes a window that a fence read would reopen, so
+        the smaller runs leave the clock steps it needs out."""
+        return self.report_window and self.has("fresh-fence") and self.redeliveries > 0
 
     @property
     def tasks(self) -> int:

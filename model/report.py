@@ -60,6 +60,13 @@ def why_no_counterexample(cfg: Config, mechanism: str) -> str:
         )
     if mechanism == "window-wait" and not cfg.report_window:
         return "it is a part of report-window, which this run drops"
+    if mechanism == "fresh-fence" and cfg.redeliveries == 0:
+        return (
+            "it protects against a task id delivered twice (a re-delivery waits before the "
+            "lease, off the branch): --drop fresh-fence --redelivery shows F3 again (I4)"
+        )
+    if mechanism == "fresh-fence" and not (cfg.report_window and cfg.has("window-wait")):
+        return "it is a part of window-wait, which this run drops"
     if mechanism == "report-again" and not cfg.report_window:
         return "it is a part of report-window, which this run drops"
     if mechanism == "report-again":
@@ -69,6 +76,12 @@ def why_no_counterexample(cfg: Config, mechanism: str) -> str:
         )
     if mechanism == "again-fence" and not (cfg.report_window and cfg.has("report-again")):
         return "it is a part of report-again, which this run drops"
+    if mechanism == "again-fence" and cfg.fresh_fences:
+        return (
+            "with fresh fences (as coded) a second window opens only after a fence that "
+            "passed: without this one it opens closed and the delivery reports FAILED; "
+            "--drop again-fence --drop fresh-fence --redelivery shows F3 again (I4)"
+        )
     if mechanism == "again-fence" and cfg.redeliveries == 0:
         return (
             "it protects against a task id delivered twice: a retry is scheduled only after "

@@ -86,6 +86,9 @@ class Attempt(NamedTuple):
     ref: int = NO_REF  # the output ref it will report
     #: Its first report window closed: it took the lease again for a second one (issue 41).
     again: bool = False
+    #: Its last attempt fence passed less than FENCE_FRESH_SECONDS ago: a report window may
+    #: open (a clock step makes it stale at any moment; modelled with re-deliveries only).
+    fresh: bool = False
 
 
 class State(NamedTuple):

@@ -75,8 +75,15 @@ def _finish(cfg: Config, a: Attempt, status: str, ref: int = NO_REF) -> Attempt:
     )
     pc = "report" if report_first else "release"
     # Only what reporting needs survives, so equal futures share one state.
+    fresh = a.fresh and status == COMPLETED
     return Attempt(
-        pc, input_ref=a.input_ref, leased=a.leased, status=status, ref=ref, again=a.again
+        pc,
+        input_ref=a.input_ref,
+        leased=a.leased,
+        status=status,
+        ref=ref,
+        again=a.again,
+        fresh=fresh,
     )
 
 
@@ -166,13 +173,17 @@ def _fence(cfg: Config, s: State, slot: int, a: Attempt, n: int) -> list[Transit
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
     if n == 1 and a.empty:
         pc = _noop_entry(cfg)
+        if pc == "noop_lease" and _waits_for_windows(cfg, slot):
+            pc = "noop_window_wait"
     elif n == 1:
-        pc = "stage"
+        pc = "window_wait" if cfg.leases and _waits_for_windows(cfg, slot) else "stage"
     else:
         pc = "noop_decide" if a.empty else "publish_fence"
     verdict = "passes" if current else "is skipped (dropped) for a stale attempt"
     label = f"attempt fence #{n} {verdict}"
-    return [(slot, label, _put(s, slot, a._replace(pc=pc, current=current)), False)]
+    fresh = n == 2 and cfg.fresh_fences
+    nxt = a._replace(pc=pc, current=current, fresh=fresh)
+    return [(slot, label, _put(s, slot, nxt), False)]
 
 
 def _fence1(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
@@ -242,8 +253,6 @@ def _noop_lease(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition
         return []
     granted, label = acquired
     pc = "noop_fence" if _noop_under_lease(cfg) else "reread"
-    if _waits_for_windows(cfg, slot):
-        pc = "noop_window_wait"
     nxt = a._replace(pc=pc, leased=True)
     return [(slot, label, _put(s, slot, nxt, lease=granted), False)]
 
@@ -254,15 +263,26 @@ def _waits_for_windows(cfg: Config, slot: int) -> bool:
 
 
 def _window_wait(then: str) -> Step:
-    """Wait (holding the lease) until no other delivery of this task id may still report
-    COMPLETED: their windows closed, by their report or by their deadline."""
+    """Wait, before taking the branch lease, until no earlier delivery of this task id may
+    still report COMPLETED: their windows closed (by their report or their deadline), and,
+    as coded, their attempt fences are stale, so none opens a window without a fence read
+    that now fails. The code waits ``(FENCE_FRESH_SECONDS + REPORT_WINDOW_SECONDS)`` times
+    the clock-skew rate from its poll: every earlier delivery's passing fence read was sent
+    before that poll (Conductor counted it), so its window opened within the first part and
+    closed within the second."""
 
     def step(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
-        task = task_of(cfg, slot)[0]
+        task, poll = task_of(cfg, slot)
         for other in range(cfg.slots):
-            if other != slot and task_of(cfg, other)[0] == task and s.windows >> other & 1:
+            other_task, other_poll = task_of(cfg, other)
+            if other_task != task or other_poll >= poll:
+                continue
+            if s.windows >> other & 1:
                 return []
-        label = "re-delivery: no other delivery of its task id can still report COMPLETED"
+            theirs = s.attempts[other]
+            if cfg.fresh_fences and theirs is not None and theirs.fresh:
+                return []
+        label = "re-delivery: no earlier delivery of its task id can still report COMPLETED"
         return [(slot, label, _put(s, slot, a._replace(pc=then)), False)]
 
     return step
@@ -291,8 +311,7 @@ def _stage(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
         marker=marker,
     )
     label += f"; commits {ref_name(cfg, staged_slot(slot))} on {ref_name(cfg, a.input_ref)}"
-    pc = "window_wait" if cfg.leases and _waits_for_windows(cfg, slot) else "fence2"
-    nxt = a._replace(pc=pc, leased=cfg.leases)
+    nxt = a._replace(pc="fence2", leased=cfg.leases)
     return [(slot, label, _put(s, slot, nxt, commits=commits, lease=granted), False)]
 
 
@@ -436,13 +455,18 @@ def _release(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transition]:
     windows = s.windows
     if cfg.report_window and a.status == COMPLETED:
         # A window opens only under the grant (the code renews it first): closed already
-        # if the attempt's clock says the grant is over, or it was taken over. Its length
-        # is the clock's: a clock step may close it at any time.
-        if not lease.guard(s.lease, slot):
+        # if the attempt's clock says the grant is over, or it was taken over; and, as
+        # coded, only while its attempt fence is fresh. Its length is the clock's: a clock
+        # step may close it at any time.
+        if lease.guard(s.lease, slot):
+            label += "; its report window is closed already (the grant was over)"
+        elif cfg.fresh_fences and not a.fresh:
+            label += "; its report window is closed already (its attempt fence is stale)"
+        else:
             windows |= 1 << slot
             label += "; its report window opens"
-        else:
-            label += "; its report window is closed already (the grant was over)"
+        if nxt.pc == "report":
+            nxt = nxt._replace(fresh=False)
     return [(slot, label, _put(s, slot, nxt, lease=released, windows=windows), False)]
 
 
@@ -489,7 +513,8 @@ def _again_fence(cfg: Config, s: State, slot: int, a: Attempt) -> list[Transitio
         label = "attempt fence before a second window fails: Conductor moved on"
         return [(slot, label, _put(s, slot, _finish(cfg, a, FAILED)), False)]
     label = "attempt fence before a second window passes"
-    return [(slot, label, _put(s, slot, a._replace(pc="release")), False)]
+    nxt = a._replace(pc="release", fresh=cfg.fresh_fences)
+    return [(slot, label, _put(s, slot, nxt), False)]
 
 
 Step = Callable[[Config, State, int, Attempt], list[Transition]]
@@ -516,8 +541,8 @@ _STEPS: dict[str, Step] = {
     "verify": _verify,
     "release": _release,
     "report": _report,
-    "window_wait": _window_wait("fence2"),
-    "noop_window_wait": _window_wait("noop_fence"),
+    "window_wait": _window_wait("stage"),
+    "noop_window_wait": _window_wait("noop_lease"),
     "again_lease": _again_lease,
     "again_fence": _again_fence,
 }

@@ -1,18 +1,21 @@
-"""Which deliveries of each task id this worker process has run, and which still run.
+"""Which deliveries of each task id this worker process has run, when each came, and which
+still run.
 
 Conductor may hand out a task again while a worker still runs it (a second poll of an
 in-progress task, seen under load on the 3.32.3 server). That re-delivery waits out every
-other delivery's report window before it may fence (docs/protocol.md, report windows): 15 s
-in general, since another process's window closes on that process's clock. When every
-earlier delivery of the task id (poll counts 1 to n-1) was this process's own and has
-ended with no COMPLETED that could still land (Conductor showed it, or none was sent),
-none of them has a window open or can open one, and the wait ends at once. The worker
-marks a delivery ended only then; one whose COMPLETED is in doubt stays "running".
+earlier delivery's report window before it takes the branch lease (docs/protocol.md, report
+windows): 22.5 s from its poll in general, since another process's window closes on that
+process's clock. When every earlier delivery of the task id (poll counts 1 to n-1) was this
+process's own and has ended with no COMPLETED that could still land (Conductor showed it,
+or none was sent), none of them has a window open or can open one, and the wait ends at
+once. The worker marks a delivery ended only then; one whose COMPLETED is in doubt stays
+"running".
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 
 __all__ = ["LocalDeliveries"]
@@ -29,14 +32,25 @@ class LocalDeliveries:
         self._lock = threading.Lock()
         #: task id -> poll count -> still running
         self._tasks: OrderedDict[str, dict[int, bool]] = OrderedDict()
+        #: (task id, poll count) -> when it started (``time.monotonic()``)
+        self._started: dict[tuple[str, int], float] = {}
 
     def started(self, task_id: str, poll_count: int) -> None:
+        """A delivery starts, after its poll's answer came (so after Conductor counted it)."""
         with self._lock:
             polls = self._tasks.setdefault(task_id, {})
             self._tasks.move_to_end(task_id)
             polls[poll_count] = True
+            self._started[(task_id, poll_count)] = time.monotonic()
             while len(self._tasks) > self._max:
-                self._tasks.popitem(last=False)
+                old, forgotten = self._tasks.popitem(last=False)
+                for poll in forgotten:
+                    self._started.pop((old, poll), None)
+
+    def started_at(self, task_id: str, poll_count: int) -> float | None:
+        """When the delivery started here (``time.monotonic()``), None if it did not."""
+        with self._lock:
+            return self._started.get((task_id, poll_count))
 
     def ended(self, task_id: str, poll_count: int) -> None:
         """The delivery is over, and no COMPLETED of it can land any more."""

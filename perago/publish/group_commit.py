@@ -43,6 +43,7 @@ from perago.publish.scope import overlaps
 from perago.telemetry import metrics
 
 __all__ = [
+    "FENCE_FRESH_SECONDS",
     "MAX_MEMBERS",
     "MAX_SECONDS",
     "REPORT_SEND_SECONDS",
@@ -67,9 +68,14 @@ TURN_SLICE_SECONDS = 0.5
 WINDOW_LOOK_SECONDS = 0.1
 #: A report window: how long after an attempt left the branch lease its COMPLETED may still
 #: land on Conductor. It is sent in the first ``REPORT_SEND_SECONDS`` of it (the rest is for a
-#: request in flight); a re-delivery waits the window's length times the clock-skew rate.
+#: request in flight).
 REPORT_WINDOW_SECONDS = 10.0
 REPORT_SEND_SECONDS = 8.0
+#: A window opens only this soon after the attempt fence that let its publication through was
+#: sent (closed at once otherwise: the next window takes the lease and the fence again). So a
+#: re-delivery, whose poll came after every earlier delivery's passing fence, waits this plus
+#: a window, times the clock-skew rate, from its poll: before the branch lease, off the branch.
+FENCE_FRESH_SECONDS = 5.0
 
 
 class _Group:
@@ -122,6 +128,28 @@ class LeaseGroups:
     def wait_seconds(self) -> float:
         """How long a publication waits for the lease, or for its turn in a group."""
         return self._leases.wait.total_seconds()
+
+    def wait_out_report_windows(self, repository: str, me: AttemptIdentity) -> float:
+        """For a re-delivered attempt, before it takes the branch lease: wait until no earlier
+        delivery of its task id can report COMPLETED any more (docs/protocol.md, report
+        windows). Each such delivery's passing attempt fence was sent before this delivery's
+        poll (Conductor counted that poll, and the fence compares poll counts), its window
+        opened within ``FENCE_FRESH_SECONDS`` of that fence and lasts ``REPORT_WINDOW_SECONDS``,
+        on its own clock: so from the poll, their sum times the clock-skew rate. Ends sooner
+        once every earlier delivery is known to have ended in this process
+        (``LocalDeliveries``). Holds nothing meanwhile; returns the seconds waited."""
+        started = time.monotonic()  # the deliveries' clock, not the grants' (tests move it)
+        local = self.deliveries
+        polled = local.started_at(me.task_id, me.poll_count) if local is not None else None
+        skew = self._leases.manager(repository).skew
+        deadline = (polled if polled is not None else started) + (
+            FENCE_FRESH_SECONDS + REPORT_WINDOW_SECONDS
+        ) * skew
+        while (left := deadline - time.monotonic()) > 0:
+            if local is not None and local.earlier_ended_here(me.task_id, me.poll_count):
+                break
+            time.sleep(min(left, WINDOW_LOOK_SECONDS))  # slices: the drain's interrupt
+        return time.monotonic() - started
 
     def acquire(self, repository: str, branch: str, owner: str, me: AttemptIdentity) -> GroupMember:
         """Join the process's open group of the branch, or take the lease and open one;
@@ -254,6 +282,8 @@ class GroupMember:
         self.turn_waited: float | None = None
         self.turn_held: float | None = None
         self._turn_taken = 0.0
+        #: When (``time.monotonic()``) the attempt fence that passed under this share was sent.
+        self.fenced_at: float | None = None
 
     @property
     def token(self) -> int:
@@ -338,10 +368,14 @@ class GroupMember:
         """The deadline (``time.monotonic()``) by which this member's COMPLETED report must be
         sent, opened as it leaves the grant (docs/protocol.md, report windows):
         ``REPORT_SEND_SECONDS`` from now, once the grant is known to be still this process's
-        (renewed if half of it is gone). A window opens only under a grant, so every window
-        a re-delivery must wait out opened before that re-delivery's grant; already past when
-        the grant is lost or over: the attempt reports FAILED."""
+        (renewed if half of it is gone) and its attempt fence was sent at most
+        ``FENCE_FRESH_SECONDS`` ago. Already past (closed) otherwise: a window follows
+        under the lease and the fence taken again, or the attempt reports FAILED."""
         now = time.monotonic()
+        age = None if self.fenced_at is None else now - self.fenced_at
+        if age is None or age > FENCE_FRESH_SECONDS:
+            log.info("report_window_fence_stale", fence_age=None if age is None else round(age, 1))
+            return now
         try:
             self.refresh()
         except LeaseEndedError:
@@ -353,25 +387,6 @@ class GroupMember:
         report window closed before Conductor took its COMPLETED, and a second window opens
         only under a grant (docs/protocol.md). Waits as a publication does (LeaseBusyError)."""
         return self._groups.acquire(*self.key, self._owner, self.me)
-
-    def wait_out_report_windows(self) -> float:
-        """For a re-delivered attempt, holding its share of a grant: wait until every other
-        delivery's report window of its task id has closed, whatever that delivery's clock
-        (the window's length times the clock-skew rate). Each of those windows opened before
-        this grant was taken, and none opens while it is held (a step never shares a grant).
-        The wait ends sooner once every earlier delivery is known to have ended in this
-        process (``LocalDeliveries``); a later one is stopped by the attempt fence that
-        follows. Renews the grant as it waits; returns the seconds waited."""
-        lease = self.group.lease
-        started = time.monotonic()
-        deadline = started + REPORT_WINDOW_SECONDS * lease.manager.skew
-        local = self._groups.deliveries
-        while (left := deadline - time.monotonic()) > 0:
-            if local is not None and local.earlier_ended_here(self.me.task_id, self.me.poll_count):
-                break
-            time.sleep(min(left, WINDOW_LOOK_SECONDS))  # slices: the drain's interrupt
-            self.refresh()
-        return time.monotonic() - started
 
     def release(self) -> None:
         """Leave the group; the last member to leave releases the grant before returning."""

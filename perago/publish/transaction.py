@@ -210,6 +210,8 @@ class Publisher:
         """
         if self._leases is None or len(diff.uploads) > EARLY_LEASE_MAX_FILES:
             return None
+        if me.poll_count > 1:
+            return None  # a re-delivery waits out report windows before it takes the lease
         try:
             size = sum((workspace / p).stat().st_size for p in diff.uploads)
         except OSError:
@@ -286,8 +288,13 @@ class Publisher:
         finally:
             self.cancel(target.repository, staging_branch_name(me))
 
-    def _fence(self, me: AttemptIdentity, n: int) -> None:
+    def _fence(self, me: AttemptIdentity, n: int, lease: GroupMember | None = None) -> None:
+        """Attempt fence ``n``; under a lease share, the time its read was sent is kept: a
+        report window opens only soon after it (``FENCE_FRESH_SECONDS``)."""
+        sent = time.monotonic()
         check_attempt(self._ledger, me, worker_id=self._worker_id)
+        if lease is not None:
+            lease.fenced_at = sent
         log.info("attempt_fence_passed", fence=n)
         steps.reached(Boundary(f"after_fence{n}"), me)
 
@@ -305,7 +312,7 @@ class Publisher:
         with self._branch_lease(me, target, early) as lease:
             staged = self._commit_staging(me, target, branch, lease, **(counts or {}))
             steps.reached(Boundary.AFTER_STAGE, me)
-            self._fence(me, 2)
+            self._fence(me, 2, lease)
             started = time.monotonic()
             with _turn(lease):
                 published = self._confirm(me, target, staged, lease)
@@ -693,7 +700,7 @@ class Publisher:
         if self._leases is None:
             return Publication(self._noop_decision(me, target, None))
         with self._branch_lease(me, target) as lease:
-            self._fence(me, 2)
+            self._fence(me, 2, lease)
             with _turn(lease):
                 return Publication(self._noop_decision(me, target, lease), lease)
 
@@ -737,14 +744,15 @@ class Publisher:
         if self._leases is None:
             yield None
             return
+        if me.poll_count > 1:
+            # An earlier delivery of this task id may still send its COMPLETED: wait until
+            # none can (docs/protocol.md, report windows), before the lease, off the branch.
+            assert self._groups is not None and early is None
+            log.info("report_windows_waiting", poll_count=me.poll_count)
+            waited = self._groups.wait_out_report_windows(target.repository, me)
+            log.info("report_windows_waited_out", seconds=round(waited, 1))
         lease = early.take() if early is not None else self._take_lease(me, target)
         try:
-            if me.poll_count > 1:
-                # Another delivery of this task id may have left the lease with its COMPLETED
-                # still to send: wait until its report window has closed (docs/protocol.md).
-                log.info("report_windows_waiting", poll_count=me.poll_count)
-                waited = lease.wait_out_report_windows()
-                log.info("report_windows_waited_out", seconds=round(waited, 1))
             steps.reached(Boundary.AFTER_LEASE, me)
             yield lease
         except BaseException:

@@ -557,31 +557,40 @@ def test_a_foreign_commit_after_a_handed_over_head_is_refused(
     assert len(publications) == 1 + len(over)
 
 
-def test_a_redelivered_attempt_waits_out_the_report_windows_before_it_publishes(
+def test_a_redelivered_attempt_waits_out_the_report_windows_before_it_takes_the_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Report windows (F3, docs/protocol.md): a delivery with poll count 2 holds its share of
-    the grant for the window's length times the clock-skew rate before its fence #2 (an
-    earlier delivery of its task id may still land a COMPLETED); a first delivery does not
-    wait. Both publish once."""
+    """Report windows (F3, docs/protocol.md): a delivery with poll count 2 waits, before it
+    takes the branch lease, for a fresh fence's age plus a window, times the clock-skew
+    rate (an earlier delivery of its task id may still land a COMPLETED); a first delivery
+    does not wait. The wait holds nothing: the branch's lease is free meanwhile, and
+    another process takes and gives it back. Both publish once."""
+    monkeypatch.setattr(group_commit, "FENCE_FRESH_SECONDS", 0.2)
     monkeypatch.setattr(group_commit, "REPORT_WINDOW_SECONDS", 0.4)
     store = HookedStore()
     store.create_repository("r")
     base = store.branch_head("r", "main")
     first, again = ident("p0", "parts/p=0/"), replace(ident("p1", "parts/p=1/"), poll_count=2)
+    leases = CountingLeases()
     publisher = Publisher(
-        store,
-        _FlippingLedger([snap(first), snap(again)], ""),
-        worker_id="w",
-        leases=CountingLeases(),
+        store, _FlippingLedger([snap(first), snap(again)], ""), worker_id="w", leases=leases
     )
     fenced: dict[str, float] = {}
+    other: list[str] = []
 
-    def at_fence(boundary: Boundary, attempt: steps.Attempt) -> None:
+    def at_lease(boundary: Boundary, attempt: steps.Attempt) -> None:
         if boundary is Boundary.AFTER_LEASE:
             fenced[attempt.task_id] = time.monotonic()
+        if boundary is Boundary.AFTER_PUBLISH and attempt.task_id == first.task_id:
+            threading.Thread(target=take_meanwhile).start()
 
-    remove = steps.observe(at_fence)
+    def take_meanwhile() -> None:
+        time.sleep(0.2)  # the first delivery's share is gone; the re-delivery still waits
+        held = leases.acquire("r", "main", "another process", wait=timedelta(seconds=0.5))
+        other.append(held.grant.owner)
+        held.release()
+
+    remove = steps.observe(at_lease)
     started = time.monotonic()
     try:
         with capture_logs() as logs:
@@ -589,10 +598,11 @@ def test_a_redelivered_attempt_waits_out_the_report_windows_before_it_publishes(
     finally:
         remove()
     assert all(isinstance(r, str) for r in results.values()), results
+    assert other == ["another process"]  # took the lease while the re-delivery waited
     (waited,) = [e["seconds"] for e in logs if e["event"] == "report_windows_waited_out"]
-    assert 0.6 <= waited < 1.5
-    assert fenced[again.task_id] - started >= 0.6  # 0.4 s x the default skew rate 1.5
-    assert fenced[first.task_id] - started < 0.6
+    assert 0.85 <= waited < 2.0  # (0.2 + 0.4) s x the default skew rate 1.5
+    assert fenced[again.task_id] - started >= 0.85
+    assert fenced[first.task_id] - started < 0.85
     history = store.log("r", "main", amount=5)
     assert sum(c.metadata.get("perago.kind") == "publication" for c in history) == 2
 
@@ -604,10 +614,12 @@ def test_a_redelivered_attempt_waits_out_the_report_windows_before_it_publishes(
 def test_a_redelivery_stops_waiting_once_every_earlier_delivery_ended_in_this_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, earlier: str, waits: bool
 ) -> None:
-    """The wait covers windows on any clock; when poll count 1 ran in this very process and
-    has ended, no window of it is open or can open, and the re-delivery goes on at once. One
-    still running here, or run elsewhere, is waited out in full."""
-    monkeypatch.setattr(group_commit, "REPORT_WINDOW_SECONDS", 2.0)
+    """The wait covers windows on any clock, counted from the re-delivery's start here;
+    when poll count 1 ran in this very process and has ended, no window of it is open or
+    can open, and the re-delivery goes on at once. One still running here, or run
+    elsewhere, is waited out in full."""
+    monkeypatch.setattr(group_commit, "FENCE_FRESH_SECONDS", 1.0)
+    monkeypatch.setattr(group_commit, "REPORT_WINDOW_SECONDS", 1.0)
     store = HookedStore()
     store.create_repository("r")
     base = store.branch_head("r", "main")
@@ -618,6 +630,7 @@ def test_a_redelivery_stops_waiting_once_every_earlier_delivery_ended_in_this_pr
     if earlier == "ended here":
         local.ended(again.task_id, 1)
     local.started(again.task_id, 2)
+    polled = time.monotonic()
     publisher = Publisher(
         store,
         _FlippingLedger([snap(again)], ""),
@@ -628,9 +641,44 @@ def test_a_redelivery_stops_waiting_once_every_earlier_delivery_ended_in_this_pr
     with capture_logs() as logs:
         results = _publish_all(publisher, [again], base, tmp_path)
     assert all(isinstance(r, str) for r in results.values()), results
-    (waited,) = [e["seconds"] for e in logs if e["event"] == "report_windows_waited_out"]
-    # The whole window (2 s x the skew rate 1.5) on any clock, or ended before it.
-    assert waited >= 3.0 if waits else waited < 3.0
+    [lease_at] = [e for e in logs if e["event"] == "report_windows_waited_out"]
+    # The whole wait ((1 + 1) s x the skew rate 1.5) from the delivery's start, or none.
+    ended = polled + lease_at["seconds"]
+    assert ended - polled >= 2.5 if waits else lease_at["seconds"] < 1.0
+
+
+def test_a_report_window_opens_only_while_the_attempt_fence_is_fresh(
+    tmp_path: Path,
+) -> None:
+    """The publisher keeps when fence #2's read was sent on the lease share; a window opens
+    only within ``FENCE_FRESH_SECONDS`` of it (so a re-delivery's wait from its poll covers
+    every window an earlier delivery can open); a stale or missing fence opens a closed
+    window, and the second window's fence follows (``Worker._report_again``)."""
+    store = HookedStore()
+    store.create_repository("r")
+    base = store.branch_head("r", "main")
+    me = ident("p0", "parts/p=0/")
+    publisher = Publisher(
+        store, _FlippingLedger([snap(me)], ""), worker_id="w", leases=CountingLeases()
+    )
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "part.txt").write_text("x")
+    before = time.monotonic()
+    publication = publisher.publish(
+        me, WorkspaceTarget("r", "main", base), "parts/p=0/", ws, Diff(added=("part.txt",))
+    )
+    member = publication.lease
+    assert member is not None and member.fenced_at is not None
+    assert before <= member.fenced_at <= time.monotonic()
+    assert member.open_report_window() - time.monotonic() > group_commit.REPORT_SEND_SECONDS - 1
+    member.fenced_at = time.monotonic() - group_commit.FENCE_FRESH_SECONDS - 0.1
+    with capture_logs() as logs:
+        assert member.open_report_window() <= time.monotonic()
+    assert [e["event"] for e in logs] == ["report_window_fence_stale"]
+    member.fenced_at = None
+    assert member.open_report_window() <= time.monotonic()
+    publication.release(wait=True)
 
 
 def test_local_deliveries_forget_the_oldest_task_ids_first() -> None:
@@ -655,7 +703,7 @@ def test_a_report_window_is_as_long_under_a_short_ttl_and_closed_once_the_grant_
     groups = LeaseGroups(leases)
     member = groups.acquire("r", "main", "w", LEFT)
     clock[0] = 3.5  # past half the ttl: the window renews the grant first
-    before = time.monotonic()
+    before = member.fenced_at = time.monotonic()
     deadline = member.open_report_window()
     assert deadline - before >= group_commit.REPORT_SEND_SECONDS
     assert manager.time_left(member.group.lease.grant) > 3.5
@@ -670,4 +718,5 @@ def test_a_report_window_is_as_long_under_a_short_ttl_and_closed_once_the_grant_
     other = LeaseManager(coord, ttl=timedelta(seconds=4), clock=lambda: other_clock[0], sleep=sleep)
     other.acquire(lease_name("r", "main"), "another process", wait=timedelta(seconds=60))
     clock[0] += 4  # this process's clock too saw the grant run out meanwhile
+    lost.fenced_at = time.monotonic()  # a fresh fence: the grant alone closes it
     assert lost.open_report_window() <= time.monotonic()

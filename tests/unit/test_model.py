@@ -60,7 +60,8 @@ PROTECTS = {
     "report-window": None,  # when a grant ends, not what is safe (reports under the lease)
     "window-wait": None,  # with re-deliveries: I4 (see its test)
     "report-again": None,  # spares a retry, not what is safe (FAILED at once holds too)
-    "again-fence": None,  # with re-deliveries: I4 (see its test)
+    "again-fence": None,  # with fresh fences, a second window without it opens closed
+    "fresh-fence": None,  # with re-deliveries: I4 (see its test)
 }
 
 #: One re-delivery of a task id, the smallest configuration that shows finding F3.
@@ -135,20 +136,27 @@ def test_a_redelivered_task_id_needs_the_guarded_report() -> None:
 
 def test_report_windows_keep_f3_fixed_only_with_the_redelivery_wait() -> None:
     """Issue 41: an attempt leaves the lease before its COMPLETED report and sends it inside
-    a window that ends with its grant; a re-delivery waits out the other deliveries' windows
-    after taking the lease. Without that wait, F3 is back (the stale no-op delivery's
-    COMPLETED lands while the re-delivery publishes). Reporting under the lease instead (the
-    code from df3d7a7) holds too: ``test_a_redelivered_task_id_needs_the_guarded_report``."""
-    windowed = REDELIVERY
-    result = explore(windowed)
-    assert result.ok, [v.message for v in result.violations]
-    assert {"window_wait", "noop_window_wait", "again_lease", "again_fence"} <= set(result.pcs)
-    unwaited = replace(windowed, drops=frozenset({"window-wait"}))
+    a window that opens only under its grant and soon after its attempt fence; a re-delivery
+    waits out the earlier deliveries' windows and fences before it takes the lease. Without
+    that wait, F3 is back (the stale no-op delivery's COMPLETED lands while the re-delivery
+    publishes). Reporting under the lease instead (the code from df3d7a7) holds too:
+    ``test_a_redelivered_task_id_needs_the_guarded_report``."""
+    unwaited = replace(REDELIVERY, drops=frozenset({"window-wait"}))
     found = explore(unwaited, stop_at_first=True).violations
     assert [(v.invariant, len(v.steps)) for v in found] == [("I4", 16)]
     assert "output r0 from r0, but the branch also carries its publication M[t0p2]" in (
         found[0].message
     )
+
+
+@pytest.mark.exhaustive
+def test_report_windows_with_a_redelivery_hold_and_reach_every_report_step() -> None:
+    """The whole re-delivery configuration as coded (two minutes on two cores; `make
+    model-check` also runs the larger one of docs/model-check.md): every invariant holds,
+    and the waits, second windows and stale fences are all reached."""
+    result = explore(REDELIVERY)
+    assert result.ok, [v.message for v in result.violations]
+    assert {"window_wait", "noop_window_wait", "again_lease", "again_fence"} <= set(result.pcs)
 
 
 # -- each mechanism ----------------------------------------------------------------------------
@@ -162,17 +170,39 @@ def test_an_extension_overlapping_the_report_undoes_the_completion_without_seria
     assert explore(replace(QUIET, drops=frozenset({"serial-report"}))).ok  # nothing overlaps
 
 
-def test_a_second_report_window_needs_the_attempt_fence_under_the_lease_taken_again() -> None:
-    """A reporter whose window closed takes the lease again for a second one: as coded it
-    re-runs the attempt fence under that lease and F3 stays fixed (the test above explores
-    it); without that fence a re-delivery's publication and the first delivery's late
-    COMPLETED both stand (I4)."""
-    unfenced = replace(REDELIVERY, drops=frozenset({"again-fence"}))
-    found = explore(unfenced, stop_at_first=True).violations
+def test_a_redelivery_waiting_off_the_lease_needs_windows_that_open_only_after_fresh_fences() -> (
+    None
+):
+    """The re-delivery's wait holds no lease (2026-11-29): it relies on every earlier
+    delivery's window opening soon after a fence that passed before the re-delivery's poll.
+    Without that (a window opens however old its fence), the earlier delivery's window may
+    open after the wait, and its COMPLETED and the re-delivery's publication both stand
+    (I4)."""
+    stale = replace(REDELIVERY, drops=frozenset({"fresh-fence"}))
+    found = explore(stale, stop_at_first=True).violations
     assert [v.invariant for v in found] == ["I4"]
     assert "output r0 from r0, but the branch also carries its publication M[t0p2]" in (
         found[0].message
     )
+
+
+def test_a_second_report_window_without_its_fence_or_fresh_fences_shows_f3() -> None:
+    """A reporter whose window closed takes the lease again for a second one and re-runs
+    the attempt fence under it, which makes its fence fresh again. Without both that fence
+    and fresh fences, I4 (F3)."""
+    neither = replace(REDELIVERY, drops=frozenset({"again-fence", "fresh-fence"}))
+    found = explore(neither, stop_at_first=True).violations
+    assert [v.invariant for v in found] == ["I4"]
+
+
+@pytest.mark.exhaustive
+def test_a_second_report_window_without_its_fence_opens_closed_under_fresh_fences() -> None:
+    """Without the fence before a second window, that window opens closed (its fence is
+    stale) and the delivery reports FAILED: F3 stays fixed (until fresh fences, dropping
+    it showed I4)."""
+    unfenced = replace(REDELIVERY, drops=frozenset({"again-fence"}))
+    assert explore(unfenced).ok
+    assert "fresh" in why_no_counterexample(unfenced, "again-fence")
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))

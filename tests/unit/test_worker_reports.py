@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +129,12 @@ def _branch_leases() -> tuple[Any, list[float]]:
 
 
 def _member(leases: Any, task_id: str = "t0") -> GroupMember:
-    """A publication's share of the branch lease, as the publisher hands it on."""
+    """A publication's share of the branch lease, as the publisher hands it on (its attempt
+    fence #2 just passed)."""
     me = AttemptIdentity("wf", "step", task_id, 0, 1, "tt", scope="data/")
-    return LeaseGroups(leases).acquire("r", "main", f"{task_id}-p1", me)
+    member = LeaseGroups(leases).acquire("r", "main", f"{task_id}-p1", me)
+    member.fenced_at = time.monotonic()
+    return member
 
 
 class HolderWatchingStub(StubOrchestrator):
