@@ -194,6 +194,15 @@ def decide_now(conductor: ConductorClient, workflow_id: str) -> None:
     conductor.decide(workflow_id)
 
 
+def requeue(stack_env: dict[str, str], task_type: str) -> None:
+    """Conductor's admin requeue (``POST /tasks/queue/requeue/{type}``): every task of the
+    type not yet ended goes back into its queue, in progress or not, so the next poll
+    delivers a running task id again (poll count + 1), as its sweeper does under load."""
+    url = f"{stack_env['CONDUCTOR_SERVER_URL']}/tasks/queue/requeue/{task_type}"
+    with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=30) as r:
+        assert r.status == 200, r.status
+
+
 def attempts(wf: dict[str, Any], ref: str) -> list[dict[str, Any]]:
     return [t for t in wf.get("tasks", []) if t.get("referenceTaskName") == ref]
 

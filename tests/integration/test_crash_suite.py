@@ -32,6 +32,7 @@ from .harness import (
     one_step,
     perago_cli,
     publications,
+    requeue,
     staging_branches,
     start,
     wait_workflow,
@@ -134,6 +135,57 @@ def test_a_report_paused_past_its_window_is_sent_in_another_under_the_lease_take
     assert only["status"] == "COMPLETED"
     out = wf["output"]["workspace"]["ref"]
     assert [c.id for c in publications(store, repo)] == [out] == [store.branch_head(repo, "main")]
+    assert held_leases(store, repo) == []
+
+
+def test_a_redelivery_waits_out_the_earlier_deliverys_report_window_holding_no_lease(
+    make_env: Callable[..., dict[str, str]],
+    stack_env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """Report windows with a task id Conductor really delivers twice (its admin requeue,
+    what its sweeper does under load): the first delivery pauses after attempt fence #2,
+    holding its share of the branch lease; the task is requeued and a second worker takes
+    it (poll count 2). The second waits 5 s plus a window (10 s), times the skew rate 1.5,
+    from its poll before it takes the branch lease, and holds nothing meanwhile: the first
+    resumes, publishes and ends (its COMPLETED lands if its window opened within 5 s of its
+    fence; else the window opens closed and it stays silent, the task being the second's),
+    and no lease is held while the second still waits. Then the second fences and decides
+    from the branch: the step is on the branch once and the task COMPLETED with that ref."""
+    env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="60", PERAGO_JANITOR_ON_START="false")
+    wid = _one_write(conductor, store, repo, unique, f"pt_wf_redelivered_{unique}")
+    release = tmp_path / "release"
+    paused = {
+        "PERAGO_FAILPOINTS": "after_fence2=pause:60@1",
+        "PERAGO_FAILPOINTS_RELEASE": str(release),
+        "PERAGO_PUBLICATIONS_IN_FLIGHT": "0",  # its one place stays busy: it polls no more
+    }
+    with worker({**env, **paused}, tmp_path / "first.log") as first:
+        first.wait_for("failpoint_hit", failpoint="after_fence2")
+        requeue(stack_env, f"pt_write_{unique}")
+        with worker(env, tmp_path / "second.log") as second:
+            waiting = second.wait_for("report_windows_waiting", timeout=60)
+            assert waiting["poll_count"] == 2
+            release.touch()
+            ended = first.wait_for("attempt_finished", timeout=60)
+            assert held_leases(store, repo) == []  # the second waits holding nothing
+            assert not [e for e in second.events() if e["event"] == "report_windows_waited_out"]
+            waited = second.wait_for("report_windows_waited_out", timeout=60)
+            wf = wait_workflow(conductor, wid, timeout=120)
+            second.wait_for("attempt_finished", timeout=60)
+        events = [e["event"] for e in second.events()]
+    assert 15 <= waited["seconds"] <= 24  # 22.5 s from its poll, less what came before
+    assert events.index("report_windows_waited_out") < events.index("branch_lease_acquired")
+    assert wf["status"] == "COMPLETED"
+    [only] = attempts(wf, "step")  # one task id: no retry spent
+    assert only["status"] == "COMPLETED" and only["pollCount"] == 2
+    out = wf["output"]["workspace"]["ref"]
+    assert [c.id for c in publications(store, repo)] == [out] == [store.branch_head(repo, "main")]
+    assert ended["status"] in ("COMPLETED", "FAILED")
     assert held_leases(store, repo) == []
 
 
