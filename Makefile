@@ -125,7 +125,7 @@ soak: install
 
 ## model-check: the exhaustive model check (docs/model-check.md), 2 and 3 attempts of a step, fan-out
 ## and named inputs (reads), then the model tests too large for `make test` (marked exhaustive);
-## CI runs it after `make test` (.ci/run), about 34 minutes on two cores
+## CI runs it after `make test` (.ci/run), about 43 minutes on two cores
 model-check: $(STAMP)
 	$(BIN)/pytest -q -ra -m exhaustive -n 2 tests/unit
 	$(BIN)/python -m model
