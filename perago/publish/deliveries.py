@@ -30,34 +30,30 @@ class LocalDeliveries:
     def __init__(self, max_tasks: int = MAX_TASKS) -> None:
         self._max = max_tasks
         self._lock = threading.Lock()
-        #: task id -> poll count -> still running
-        self._tasks: OrderedDict[str, dict[int, bool]] = OrderedDict()
-        #: (task id, poll count) -> when it started (``time.monotonic()``)
-        self._started: dict[tuple[str, int], float] = {}
+        #: task id -> poll count -> (still running, when it started: ``time.monotonic()``)
+        self._tasks: OrderedDict[str, dict[int, tuple[bool, float]]] = OrderedDict()
 
     def started(self, task_id: str, poll_count: int) -> None:
         """A delivery starts, after its poll's answer came (so after Conductor counted it)."""
         with self._lock:
             polls = self._tasks.setdefault(task_id, {})
             self._tasks.move_to_end(task_id)
-            polls[poll_count] = True
-            self._started[(task_id, poll_count)] = time.monotonic()
+            polls[poll_count] = (True, time.monotonic())
             while len(self._tasks) > self._max:
-                old, forgotten = self._tasks.popitem(last=False)
-                for poll in forgotten:
-                    self._started.pop((old, poll), None)
+                self._tasks.popitem(last=False)
 
     def started_at(self, task_id: str, poll_count: int) -> float | None:
         """When the delivery started here (``time.monotonic()``), None if it did not."""
         with self._lock:
-            return self._started.get((task_id, poll_count))
+            delivery = self._tasks.get(task_id, {}).get(poll_count)
+            return None if delivery is None else delivery[1]
 
     def ended(self, task_id: str, poll_count: int) -> None:
         """The delivery is over, and no COMPLETED of it can land any more."""
         with self._lock:
             polls = self._tasks.get(task_id)
             if polls is not None and poll_count in polls:
-                polls[poll_count] = False
+                polls[poll_count] = (False, polls[poll_count][1])
 
     def earlier_ended_here(self, task_id: str, poll_count: int) -> bool:
         """Whether every earlier delivery of the task id was this process's and has ended."""
@@ -65,4 +61,6 @@ class LocalDeliveries:
             return True
         with self._lock:
             polls = self._tasks.get(task_id)
-            return polls is not None and all(polls.get(k) is False for k in range(1, poll_count))
+            return polls is not None and all(
+                k in polls and not polls[k][0] for k in range(1, poll_count)
+            )

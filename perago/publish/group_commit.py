@@ -289,6 +289,13 @@ class GroupMember:
     def token(self) -> int:
         return self.group.lease.token
 
+    def fence(self, check: Callable[[], object]) -> None:
+        """Run an attempt fence under this share; once it passed, keep when its read was
+        sent: a report window opens only within ``FENCE_FRESH_SECONDS`` of that."""
+        sent = time.monotonic()
+        check()
+        self.fenced_at = sent
+
     def refresh(self) -> None:
         """Renew the shared grant if less than half its ttl is left (one member at a time)."""
         with self.group.renewing:

@@ -291,10 +291,14 @@ class Publisher:
     def _fence(self, me: AttemptIdentity, n: int, lease: GroupMember | None = None) -> None:
         """Attempt fence ``n``; under a lease share, the time its read was sent is kept: a
         report window opens only soon after it (``FENCE_FRESH_SECONDS``)."""
-        sent = time.monotonic()
-        check_attempt(self._ledger, me, worker_id=self._worker_id)
-        if lease is not None:
-            lease.fenced_at = sent
+
+        def check() -> None:
+            check_attempt(self._ledger, me, worker_id=self._worker_id)
+
+        if lease is None:
+            check()
+        else:
+            lease.fence(check)
         log.info("attempt_fence_passed", fence=n)
         steps.reached(Boundary(f"after_fence{n}"), me)
 

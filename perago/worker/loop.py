@@ -670,9 +670,11 @@ class Worker:
                 "Conductor is down or slow, check its health"
             ) from e
         try:
-            sent = time.monotonic()
-            check_attempt(self._orchestrator, taken.me, worker_id=self._settings.worker_id)
-            taken.fenced_at = sent  # the window that follows opens only while it is fresh
+            taken.fence(
+                lambda: check_attempt(
+                    self._orchestrator, taken.me, worker_id=self._settings.worker_id
+                )
+            )
         except PeragoError as e:
             self._leave_for_report(snapshot, taken)
             raise closed(moved_on.format(e.message)) from e
