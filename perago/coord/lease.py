@@ -198,6 +198,11 @@ class LeaseManager:
         return grant.expires_at - self._clock()
 
     @property
+    def store(self) -> CoordStore:
+        """The store its records are kept in (the protocol's other records share it)."""
+        return self._store
+
+    @property
     def ttl(self) -> float:
         return self._ttl
 

@@ -64,8 +64,10 @@ MAX_SECONDS = 2.0
 POLL_SECONDS = 0.1
 #: A member waiting for its turn wakes this often, so that the drain's interrupt reaches it.
 TURN_SLICE_SECONDS = 0.5
-#: A re-delivery waiting out report windows looks this often whether it may stop sooner.
+#: A re-delivery waiting out report windows looks this often whether it may stop sooner:
+#: at this process's deliveries, and (less often: a read each) at other processes' records.
 WINDOW_LOOK_SECONDS = 0.1
+RECORD_LOOK_SECONDS = 0.5
 #: A report window: how long after an attempt left the branch lease its COMPLETED may still
 #: land on Conductor. It is sent in the first ``REPORT_SEND_SECONDS`` of it (the rest is for a
 #: request in flight).
@@ -129,15 +131,17 @@ class LeaseGroups:
         """How long a publication waits for the lease, or for its turn in a group."""
         return self._leases.wait.total_seconds()
 
-    def wait_out_report_windows(self, repository: str, me: AttemptIdentity) -> float:
+    def wait_out_report_windows(self, repository: str, me: AttemptIdentity) -> tuple[float, str]:
         """For a re-delivered attempt, before it takes the branch lease: wait until no earlier
         delivery of its task id can report COMPLETED any more (docs/protocol.md, report
         windows). Each such delivery's passing attempt fence was sent before this delivery's
         poll (Conductor counted that poll, and the fence compares poll counts), its window
         opened within ``FENCE_FRESH_SECONDS`` of that fence and lasts ``REPORT_WINDOW_SECONDS``,
         on its own clock: so from the poll, their sum times the clock-skew rate. Ends sooner
-        once every earlier delivery is known to have ended in this process
-        (``LocalDeliveries``). Holds nothing meanwhile; returns the seconds waited."""
+        once every earlier delivery is known to have ended, in this process or by its record
+        in the repository's coordination store (``perago.publish.deliveries``). Holds nothing
+        meanwhile; returns the seconds waited and what ended the wait ("deadline", "here",
+        "recorded")."""
         started = time.monotonic()  # the deliveries' clock, not the grants' (tests move it)
         local = self.deliveries
         polled = local.started_at(me.task_id, me.poll_count) if local is not None else None
@@ -145,11 +149,17 @@ class LeaseGroups:
         deadline = (polled if polled is not None else started) + (
             FENCE_FRESH_SECONDS + REPORT_WINDOW_SECONDS
         ) * skew
+        next_read = started
         while (left := deadline - time.monotonic()) > 0:
-            if local is not None and local.earlier_ended_here(me.task_id, me.poll_count):
-                break
+            if local is not None:
+                if local.earlier_ended_here(me.task_id, me.poll_count):
+                    return time.monotonic() - started, "here"
+                if time.monotonic() >= next_read:
+                    next_read = time.monotonic() + RECORD_LOOK_SECONDS
+                    if local.earlier_recorded(repository, me.task_id, me.poll_count):
+                        return time.monotonic() - started, "recorded"
             time.sleep(min(left, WINDOW_LOOK_SECONDS))  # slices: the drain's interrupt
-        return time.monotonic() - started
+        return time.monotonic() - started, "deadline"
 
     def acquire(self, repository: str, branch: str, owner: str, me: AttemptIdentity) -> GroupMember:
         """Join the process's open group of the branch, or take the lease and open one;

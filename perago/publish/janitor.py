@@ -30,6 +30,7 @@ from perago.core.lakefs_names import wap_prefix
 from perago.core.orchestrator import AttemptLedger, TaskSnapshot, WorkflowLedger
 from perago.core.store import VersionStore
 from perago.errors import ConfigError
+from perago.publish.deliveries import RECORD_KEEP, EndedRecords
 from perago.publish.identity import staging_prefix
 from perago.telemetry import metrics
 
@@ -173,7 +174,8 @@ def sweep_leases(
     watch: timedelta = timedelta(0),
     sleep: Callable[[float], object] = time.sleep,
 ) -> JanitorReport:
-    """Remove released branch leases, and held ones watched unchanged for ``watch``.
+    """Remove released branch leases, and held ones watched unchanged for ``watch``; and the
+    records of superseded deliveries once nothing reads them (``perago.publish.deliveries``).
 
     With ``watch`` shorter than the takeover time (ttl x clock-skew rate) only released leases
     go; with a long enough watch, so does a lease whose holder died.
@@ -212,5 +214,18 @@ def sweep_leases(
                 repository=repo,
                 lease=record.name,
                 reason=reason,
+            )
+    ended = EndedRecords(lambda repo: managers[repo].store, worker_id="janitor")
+    for repo in managers:
+        for key in ended.sweep(repo, dry_run=dry_run):
+            if not dry_run:
+                metrics.JANITOR_REMOVALS.labels("delivery_record").inc()
+            report.removed.append((repo, key, f"older than {RECORD_KEEP}"))
+            log.info(
+                "janitor_would_remove_delivery_record"
+                if dry_run
+                else "janitor_removed_delivery_record",
+                repository=repo,
+                record=key,
             )
     return report

@@ -753,8 +753,8 @@ class Publisher:
             # none can (docs/protocol.md, report windows), before the lease, off the branch.
             assert self._groups is not None and early is None
             log.info("report_windows_waiting", poll_count=me.poll_count)
-            waited = self._groups.wait_out_report_windows(target.repository, me)
-            log.info("report_windows_waited_out", seconds=round(waited, 1))
+            waited, ended_by = self._groups.wait_out_report_windows(target.repository, me)
+            log.info("report_windows_waited_out", seconds=round(waited, 1), ended_by=ended_by)
         lease = early.take() if early is not None else self._take_lease(me, target)
         try:
             steps.reached(Boundary.AFTER_LEASE, me)

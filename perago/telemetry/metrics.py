@@ -98,7 +98,8 @@ LINEAGE_EVENTS = Counter(
 )
 JANITOR_REMOVALS = Counter(
     "perago_janitor_removals_total",
-    "Leftovers removed by the janitor: staging branches and expired branch leases.",
+    "Leftovers removed by the janitor: staging branches, expired branch leases, old records "
+    "of superseded deliveries.",
     ["kind"],
 )
 REPORT_RESENDS = Counter(

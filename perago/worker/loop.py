@@ -34,7 +34,7 @@ from perago.errors import (
     ReportWindowClosedError,
     WorkerShutdown,
 )
-from perago.publish.deliveries import LocalDeliveries
+from perago.publish.deliveries import EndedRecords, LocalDeliveries
 from perago.publish.fences import check_attempt, check_current
 from perago.publish.group_commit import GroupMember
 from perago.publish.transaction import release_lease
@@ -138,7 +138,14 @@ class Worker:
         self._store = store
         self._leases = leases
         #: Deliveries of each task id run here: a re-delivery's window wait may end sooner.
-        self._deliveries = LocalDeliveries()
+        self._deliveries = LocalDeliveries(
+            records=None
+            if leases is None
+            else EndedRecords(
+                lambda repository: leases.manager(repository).store,
+                worker_id=settings.worker_id,
+            )
+        )
         self._runner = AttemptRunner(
             store, orchestrator, settings, spark=spark, leases=leases, deliveries=self._deliveries
         )
@@ -701,6 +708,8 @@ class Worker:
         if not delivered_again(now, snapshot):
             return False
         assert now is not None
+        # its end (once no COMPLETED of it can land) is recorded for that delivery's wait
+        self._deliveries.superseded(snapshot.task_id, snapshot.poll_count)
         metrics.REPORT_PROBLEMS.labels("report_skipped_delivered_again").inc()
         log.warning(
             "report_skipped_delivered_again",

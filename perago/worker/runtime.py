@@ -225,6 +225,7 @@ class AttemptRunner:
         #: (repository, branch) -> when this process last read that target branch.
         self._branches_seen: dict[tuple[str, str], float] = {}
         self._policy = settings.access_policy()
+        self._deliveries = deliveries
         self._publisher = Publisher(
             store,
             ledger,
@@ -281,6 +282,8 @@ class AttemptRunner:
                 target, params = self._pre_guardrails(defn, task.input, attempt.identity)
                 # the scope is recorded in every commit of this attempt (perago.publish.scope)
                 attempt.resolved(target, params, defn.workspace.render(params))
+                if self._deliveries is not None:  # where its end is recorded if superseded
+                    self._deliveries.publishes_to(task.task_id, task.poll_count, target.repository)
                 tracing.annotate(
                     scope=attempt.scope,
                     repository=target.repository,

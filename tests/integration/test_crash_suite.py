@@ -189,6 +189,53 @@ def test_a_redelivery_waits_out_the_earlier_deliverys_report_window_holding_no_l
     assert held_leases(store, repo) == []
 
 
+def test_a_redelivery_goes_on_once_the_superseded_delivery_in_another_worker_recorded_its_end(
+    make_env: Callable[..., dict[str, str]],
+    stack_env: dict[str, str],
+    conductor: ConductorClient,
+    store: LakeFSStore,
+    repo: str,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    """What a fan-out meets when Conductor's sweeper hands a task out again early: the
+    first delivery pauses after attempt fence #1 (before any lease); the task is requeued
+    and a second worker takes it (poll count 2) and starts waiting out report windows. The
+    first resumes: its fence #2 finds the task delivered again, it sends no report and
+    records its end in the repository's coordination store (lakeFS); the second reads that
+    record and goes on long before its 22.5 s are up. One publication, the task COMPLETED
+    with it, no retry."""
+    env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="60", PERAGO_JANITOR_ON_START="false")
+    wid = _one_write(conductor, store, repo, unique, f"pt_wf_superseded_{unique}")
+    release = tmp_path / "release"
+    paused = {
+        "PERAGO_FAILPOINTS": "after_fence1=pause:60@1",
+        "PERAGO_FAILPOINTS_RELEASE": str(release),
+        "PERAGO_PUBLICATIONS_IN_FLIGHT": "0",  # its one place stays busy: it polls no more
+    }
+    with worker({**env, **paused}, tmp_path / "first.log") as first:
+        first.wait_for("failpoint_hit", failpoint="after_fence1")
+        requeue(stack_env, f"pt_write_{unique}")
+        with worker(env, tmp_path / "second.log") as second:
+            waiting = second.wait_for("report_windows_waiting", timeout=60)
+            assert waiting["poll_count"] == 2
+            release.touch()
+            recorded = first.wait_for("delivery_end_recorded", timeout=60)
+            waited = second.wait_for("report_windows_waited_out", timeout=60)
+            wf = wait_workflow(conductor, wid, timeout=120)
+            second.wait_for("attempt_finished", timeout=60)
+        skipped = first.wait_for("report_skipped_delivered_again", timeout=10)
+    assert (recorded["poll_count"], recorded["repository"]) == (1, repo)
+    assert skipped["live_poll_count"] == 2
+    assert waited["ended_by"] == "recorded"  # not the 22.5 s deadline
+    assert wf["status"] == "COMPLETED"
+    [only] = attempts(wf, "step")  # one task id: no retry spent
+    assert only["status"] == "COMPLETED" and only["pollCount"] == 2
+    out = wf["output"]["workspace"]["ref"]
+    assert [c.id for c in publications(store, repo)] == [out] == [store.branch_head(repo, "main")]
+    assert held_leases(store, repo) == []
+
+
 def test_a_report_paused_until_conductor_timed_the_task_out_fails_and_the_retry_decides(
     make_env: Callable[..., dict[str, str]],
     conductor: ConductorClient,

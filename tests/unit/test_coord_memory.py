@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
@@ -478,3 +479,31 @@ def test_a_failed_background_release_is_reported_and_the_lease_expires_as_usual(
     holder = manager.holder("f")  # waits for the release to finish
     assert holder is not None and holder.owner == "a"
     assert [str(e) for e in errors] == ["no answer from the store"]
+
+
+def test_janitor_removes_records_of_superseded_deliveries_once_nobody_reads_them() -> None:
+    """A record of an ended delivery is read only during a re-delivery's wait (22.5 s from its
+    poll); the janitor removes those older than ``RECORD_KEEP`` and leaves younger ones."""
+    import json
+
+    from perago.coord.branch_leases import BranchLeases
+    from perago.coord.lease import LeaseManager
+    from perago.publish.deliveries import RECORD_KEEP, EndedRecords
+    from perago.publish.janitor import sweep_leases
+
+    store = MemoryStore()
+    leases = BranchLeases.shared(
+        LeaseManager(store, ttl=timedelta(seconds=4)), wait=timedelta(0)
+    )
+    records = EndedRecords(lambda _repository: store, worker_id="w1")
+    records.write("r", "young", 1)
+    old = json.dumps({"worker": "w0", "ended_at": time.time() - RECORD_KEEP.total_seconds() - 5})
+    store.set_if("deliveries/old/p1", old.encode(), None)
+    assert records.all_ended("r", "old", [1]) and records.all_ended("r", "young", [1])
+
+    dry = sweep_leases(leases, repositories=["r"], dry_run=True)
+    assert [key for _, key, _ in dry.removed] == ["deliveries/old/p1"]
+    assert records.all_ended("r", "old", [1])  # a dry run removes nothing
+    report = sweep_leases(leases, repositories=["r"])
+    assert [key for _, key, _ in report.removed] == ["deliveries/old/p1"]
+    assert not records.all_ended("r", "old", [1]) and records.all_ended("r", "young", [1])

@@ -25,7 +25,7 @@ from perago.errors import (
     PublishFenceError,
 )
 from perago.publish import AttemptIdentity, Publisher, WorkspaceTarget, group_commit
-from perago.publish.deliveries import LocalDeliveries
+from perago.publish.deliveries import EndedRecords, LocalDeliveries
 from perago.publish.expected_head_hook import install, installed
 from perago.publish.group_commit import GroupMember, LeaseGroups
 from perago.telemetry import steps
@@ -642,6 +642,74 @@ def test_a_redelivery_stops_waiting_once_every_earlier_delivery_ended_in_this_pr
     (waited,) = [e["seconds"] for e in logs if e["event"] == "report_windows_waited_out"]
     # The whole wait ((1 + 1) s x the skew rate 1.5) from the delivery's start, or none.
     assert waited >= 2.5 if waits else waited < 1.5
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_redelivery_stops_waiting_once_another_processs_delivery_recorded_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recorded: bool
+) -> None:
+    """Poll count 1 ran in another process: once it has ended and recorded so in the
+    repository's coordination store (``EndedRecords``), the re-delivery goes on
+    (``ended_by`` "recorded"); without the record it waits in full."""
+    monkeypatch.setattr(group_commit, "FENCE_FRESH_SECONDS", 1.0)
+    monkeypatch.setattr(group_commit, "REPORT_WINDOW_SECONDS", 1.0)
+    store = HookedStore()
+    store.create_repository("r")
+    base = store.branch_head("r", "main")
+    again = replace(ident("p1", "parts/p=1/"), poll_count=2)
+    leases = CountingLeases()
+    elsewhere = EndedRecords(lambda repo: leases.manager(repo).store, worker_id="other")
+    local = LocalDeliveries(
+        records=EndedRecords(lambda repo: leases.manager(repo).store, worker_id="w")
+    )
+    local.started(again.task_id, 2)
+    publisher = Publisher(
+        store, _FlippingLedger([snap(again)], ""), worker_id="w", leases=leases, deliveries=local
+    )
+    if recorded:
+        threading.Timer(0.4, elsewhere.write, ("r", again.task_id, 1)).start()
+    with capture_logs() as logs:
+        results = _publish_all(publisher, [again], base, tmp_path)
+    assert all(isinstance(r, str) for r in results.values()), results
+    (waited,) = [e for e in logs if e["event"] == "report_windows_waited_out"]
+    if recorded:
+        assert waited["ended_by"] == "recorded" and waited["seconds"] >= 0.4
+    else:  # (1 + 1) s x the skew rate 1.5
+        assert waited["ended_by"] == "deadline" and waited["seconds"] >= 2.5
+
+
+def test_a_superseded_delivery_records_its_end_only_after_it_has_ended() -> None:
+    """Only a delivery that Conductor showed superseded, whose target is known, records its
+    end, and only once it is marked ended here (the record proves what a local end proves)."""
+    seen: list[tuple[str, bool]] = []
+    local: LocalDeliveries
+
+    class Spy(CoordMemory):
+        def set_if(self, key: str, value: bytes, expected: str | None) -> str:
+            task = key.split("/")[1]
+            seen.append((key, local.earlier_ended_here(task, 2)))
+            return super().set_if(key, value, expected)
+
+    spy = Spy()
+    local = LocalDeliveries(records=EndedRecords(lambda _repo: spy, worker_id="w"))
+    for task in ("plain", "superseded", "no-target"):
+        local.started(task, 1)
+        if task != "no-target":
+            local.publishes_to(task, 1, "r")
+        if task != "plain":
+            local.superseded(task, 1)
+    assert seen == []  # nothing is recorded before an end
+    for task in ("plain", "superseded", "no-target"):
+        local.ended(task, 1)
+    assert seen == [("deliveries/superseded/p1", True)]
+    reader = LocalDeliveries(records=EndedRecords(lambda _repo: spy, worker_id="w2"))
+    reader.started("superseded", 2)
+    assert reader.earlier_recorded("r", "superseded", 2)
+    reader.started("plain", 2)
+    assert not reader.earlier_recorded("r", "plain", 2)
+    reader.started("plain", 1)  # poll 1 now runs here: nothing is read for it
+    assert not reader.earlier_recorded("r", "plain", 2)
+    assert not reader.earlier_recorded("r", "superseded", 3)  # poll 2 runs here
 
 
 def test_a_report_window_opens_only_while_the_attempt_fence_is_fresh(

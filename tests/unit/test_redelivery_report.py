@@ -101,3 +101,79 @@ def test_a_delivery_superseded_by_a_live_one_does_not_fail_the_task(
     assert len(stub.attempts("f")) == 1  # no retry was scheduled
     head = store.get_commit("repo", "main")
     assert head.metadata["perago.poll_count"] == "2"
+
+
+def test_a_redelivery_in_another_worker_goes_on_once_the_superseded_one_recorded_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers (two processes' worth of state: each its own deliveries), one lease store.
+    The first delivery is held after fence #1 and its task id handed to the second worker,
+    which waits out report windows before the branch lease (here 30 s). The first goes on,
+    its fence #2 finds the task delivered again, it sends no report and records its end; the
+    second reads the record, goes on at once and completes the task."""
+    from datetime import timedelta
+
+    import structlog
+
+    from perago.coord import MemoryStore as CoordMemory
+    from perago.coord.branch_leases import BranchLeases
+    from perago.coord.lease import LeaseManager
+    from perago.publish import group_commit
+
+    monkeypatch.setattr(group_commit, "FENCE_FRESH_SECONDS", 5.0)
+    monkeypatch.setattr(group_commit, "REPORT_WINDOW_SECONDS", 15.0)
+    store = MemoryStore()
+    store.create_repository("repo")
+    stub = StubOrchestrator(gate_timeout=20)
+    leases = BranchLeases.shared(
+        LeaseManager(CoordMemory(), ttl=timedelta(seconds=30)), wait=timedelta(seconds=60)
+    )
+    held, release = threading.Event(), threading.Event()
+
+    def hold_first(boundary: Boundary, attempt: steps.Attempt) -> None:
+        if boundary is Boundary.AFTER_FENCE1 and attempt.poll_count == 1:
+            held.set()
+            release.wait(20)
+
+    ws = {"repository": "repo", "branch": "main"}
+    remove = steps.observe(hold_first)
+    try:
+        with structlog.testing.capture_logs() as logs, running_worker(
+            [writer],
+            store=store,
+            orchestrator=stub,
+            work_dir=tmp_path / "w1",
+            leases=leases,
+            concurrency=1,
+            publications_in_flight=0,  # its one place stays busy: it polls no more
+        ):
+            task_id = stub.submit(
+                "rd_writer", {"workspace": ws, "params": {"n": 1}}, workflow_id="f"
+            )
+            assert held.wait(20)
+            stub.redeliver(task_id)
+            with running_worker(
+                [writer],
+                store=store,
+                orchestrator=stub,
+                work_dir=tmp_path / "w2",
+                leases=leases,
+                worker_id="w2",
+            ):
+                stub.wait_for(
+                    lambda s: any(e["event"] == "report_windows_waiting" for e in logs)
+                )
+                release.set()
+                stub.wait_for(lambda s: s.settled("f"))
+    finally:
+        release.set()
+        remove()
+    events = [e["event"] for e in logs]
+    assert "report_skipped_delivered_again" in events
+    assert events.index("delivery_end_recorded") < events.index("report_windows_waited_out")
+    [waited] = [e for e in logs if e["event"] == "report_windows_waited_out"]
+    assert waited["ended_by"] == "recorded"
+    final = stub.final("f")
+    assert (final.task_id, final.retry_count, final.status) == (task_id, 0, "COMPLETED")
+    assert len(stub.attempts("f")) == 1  # no retry was scheduled
+    assert store.get_commit("repo", "main").metadata["perago.poll_count"] == "2"
