@@ -492,9 +492,7 @@ def test_janitor_removes_records_of_superseded_deliveries_once_nobody_reads_them
     from perago.publish.janitor import sweep_leases
 
     store = MemoryStore()
-    leases = BranchLeases.shared(
-        LeaseManager(store, ttl=timedelta(seconds=4)), wait=timedelta(0)
-    )
+    leases = BranchLeases.shared(LeaseManager(store, ttl=timedelta(seconds=4)), wait=timedelta(0))
     records = EndedRecords(lambda _repository: store, worker_id="w1")
     records.write("r", "young", 1)
     old = json.dumps({"worker": "w0", "ended_at": time.time() - RECORD_KEEP.total_seconds() - 5})

@@ -138,14 +138,17 @@ def test_a_redelivery_in_another_worker_goes_on_once_the_superseded_one_recorded
     ws = {"repository": "repo", "branch": "main"}
     remove = steps.observe(hold_first)
     try:
-        with structlog.testing.capture_logs() as logs, running_worker(
-            [writer],
-            store=store,
-            orchestrator=stub,
-            work_dir=tmp_path / "w1",
-            leases=leases,
-            concurrency=1,
-            publications_in_flight=0,  # its one place stays busy: it polls no more
+        with (
+            structlog.testing.capture_logs() as logs,
+            running_worker(
+                [writer],
+                store=store,
+                orchestrator=stub,
+                work_dir=tmp_path / "w1",
+                leases=leases,
+                concurrency=1,
+                publications_in_flight=0,  # its one place stays busy: it polls no more
+            ),
         ):
             task_id = stub.submit(
                 "rd_writer", {"workspace": ws, "params": {"n": 1}}, workflow_id="f"
@@ -160,9 +163,7 @@ def test_a_redelivery_in_another_worker_goes_on_once_the_superseded_one_recorded
                 leases=leases,
                 worker_id="w2",
             ):
-                stub.wait_for(
-                    lambda s: any(e["event"] == "report_windows_waiting" for e in logs)
-                )
+                stub.wait_for(lambda s: any(e["event"] == "report_windows_waiting" for e in logs))
                 release.set()
                 stub.wait_for(lambda s: s.settled("f"))
     finally:
