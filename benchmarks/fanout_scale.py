@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -248,18 +250,51 @@ def _branch_time(logs: list[Path], workflow_ids: list[str]) -> tuple[float, floa
     return held, merges, tails
 
 
+_REQUESTS = re.compile(
+    r"^http_server_requests_seconds_(?P<kind>count|sum)\{(?P<labels>.*)\} (?P<value>\S+)$"
+)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+_no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class _Cpu:
     """CPU seconds that the stack's services, the phase's workers and this process (lakeFS
     alone's client) use over a phase; the machine's cores bound what a phase can do in its
     wall time. Only for the local stack (``perago_dev``): a stack named by the environment
     may run elsewhere."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, conductor_url: str) -> None:
         self.pids: dict[str, int] = {}
         if stack.source.startswith("perago_dev"):
             from perago_dev.stack import service_pids
 
             self.pids = service_pids()
+        self._prometheus = conductor_url.removesuffix("/").removesuffix("/api") + (
+            "/actuator/prometheus"
+        )
+        #: the Conductor calls of each phase measured, in order: (method uri) -> (count, s)
+        self.calls: list[dict[str, tuple[float, float]]] = []
+
+    def _calls(self) -> dict[str, tuple[float, float]]:
+        """Conductor's own count and server seconds of each API call (Spring's
+        ``http.server.requests``); empty if the server does not publish them."""
+        try:
+            with _no_proxy.open(self._prometheus, timeout=10) as answer:
+                text = answer.read().decode()
+        except OSError:
+            return {}
+        calls: dict[str, list[float]] = {}
+        for line in text.splitlines():
+            m = _REQUESTS.match(line)
+            if m is None:
+                continue
+            labels = dict(_LABEL.findall(m.group("labels")))
+            if not labels.get("uri", "").startswith("/api/"):
+                continue
+            key = f"{labels.get('method', '?')} {labels['uri']}"
+            entry = calls.setdefault(key, [0.0, 0.0])
+            entry[0 if m.group("kind") == "count" else 1] += float(m.group("value"))
+        return {k: (v[0], v[1]) for k, v in calls.items()}
 
     def read(self, workers: list[int]) -> dict[str, float]:
         if not self.pids:
@@ -270,9 +305,16 @@ class _Cpu:
         return used
 
     def measure(self, phase: Callable[[], T], workers: list[int]) -> tuple[T, dict[str, float]]:
-        before = self.read(workers)
+        before, calls = self.read(workers), self._calls()
         result = phase()
-        after = self.read(workers)
+        after, calls_after = self.read(workers), self._calls()
+        self.calls.append(
+            {
+                k: (n - calls.get(k, (0.0, 0.0))[0], t - calls.get(k, (0.0, 0.0))[1])
+                for k, (n, t) in calls_after.items()
+                if n > calls.get(k, (0.0, 0.0))[0]
+            }
+        )
         return result, {k: after[k] - before[k] for k in after}
 
 
@@ -364,7 +406,7 @@ def main(argv: list[str]) -> int:
             fanout_workflow(f"{flow}_outer", timeout_seconds=timeout),
         ]
     )
-    cpu = _Cpu(stack)
+    cpu = _Cpu(stack, settings.conductor_server_url)
     rows: list[tuple[int, float, float, float, float, list[str], list[Path]]] = []
     used: list[tuple[int, str, float, dict[str, float]]] = []
     logs: list[Path] = []
@@ -434,6 +476,8 @@ def main(argv: list[str]) -> int:
     print(f"  worker logs: {', '.join(str(p) for p in logs)}")
     if used and used[0][3]:
         _print_cpu(used)
+    if any(cpu.calls):
+        _print_calls(used, cpu.calls)
     return 0
 
 
@@ -455,6 +499,30 @@ def _print_cpu(used: list[tuple[int, str, float, dict[str, float]]]) -> None:
             + " | ".join(f"{cpu[n]:7.1f} s" for n in names)
             + f" | {total:4.1f} s | {100 * total / (wall * cores):4.0f} %"
         )
+
+
+def _print_calls(
+    used: list[tuple[int, str, float, dict[str, float]]],
+    calls: list[dict[str, tuple[float, float]]],
+) -> None:
+    """Conductor's API calls per partition in each phase (its own counts), and the server's
+    milliseconds per call (time in the server, waits included: a long-poll's or the
+    workflow's lock): who makes how many of which call."""
+    phases = ["read-only", "Perago", "plain worker"]
+    table: dict[int, dict[str, dict[str, tuple[float, float]]]] = {}
+    for (parts, phase, _wall, _cpu), c in zip(used, calls, strict=True):
+        if phase in phases:
+            table.setdefault(parts, {})[phase] = c
+    print("  Conductor's calls per partition in each phase (server ms per call, waits included)")
+    print(f"  partitions | {'call':<38} | " + " | ".join(f"{p:>16}" for p in phases))
+    for parts, by_phase in table.items():
+        kinds = sorted({k for c in by_phase.values() for k in c})
+        for kind in kinds:
+            cells = []
+            for phase in phases:
+                n, t = by_phase.get(phase, {}).get(kind, (0.0, 0.0))
+                cells.append(f"{n / parts:5.2f} ({1000 * t / n:6.1f})" if n else f"{'-':>16}")
+            print(f"  {parts:10d} | {kind:<38} | " + " | ".join(f"{c:>16}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -69,9 +69,17 @@ class EndedRecords:
         except PredicateFailedError:
             pass  # recorded already
         except PeragoError as e:
-            log.warning("delivery_end_record_failed", poll_count=poll_count, error=e.message)
+            log.warning(
+                "delivery_end_record_failed",
+                task_id=task_id,
+                poll_count=poll_count,
+                repository=repository,
+                error=e.message,
+            )
             return
-        log.info("delivery_end_recorded", poll_count=poll_count, repository=repository)
+        log.info(
+            "delivery_end_recorded", task_id=task_id, poll_count=poll_count, repository=repository
+        )
 
     def all_ended(self, repository: str, task_id: str, polls: Iterable[int]) -> bool:
         """Whether each of these deliveries of the task id recorded its end (a read each,

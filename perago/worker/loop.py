@@ -541,7 +541,11 @@ class Worker:
         delivery.after_report.close()
         metrics.IN_FLIGHT.dec()
         if not delivery.completed_in_doubt:
-            self._deliveries.ended(*delivery.key)
+            snapshot = delivery.snapshot
+            with structlog.contextvars.bound_contextvars(
+                workflow_id=snapshot.workflow_id, retry_count=snapshot.retry_count
+            ):  # a superseded delivery's end is recorded here
+                self._deliveries.ended(*delivery.key)
         with self._lock:
             self._inflight.pop(delivery.key, None)
             self._lock.notify_all()
