@@ -10,10 +10,11 @@ publishes and dies (an abandoned publication), and the retry is killed before it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from perago.coord.lease import LeaseManager
 from perago.worker.failpoints import POINTS
 
 from .harness import (
+    WorkerProcess,
     attempts,
     decide_now,
     held_leases,
@@ -138,6 +140,30 @@ def test_a_report_paused_past_its_window_is_sent_in_another_under_the_lease_take
     assert held_leases(store, repo) == []
 
 
+@contextlib.contextmanager
+def _delivered_twice(
+    env: dict[str, str], stack_env: dict[str, str], unique: str, tmp_path: Path, failpoint: str
+) -> Iterator[tuple[WorkerProcess, WorkerProcess]]:
+    """A task id Conductor really delivers twice: the first delivery pauses at ``failpoint``
+    (its worker's one place busy, it polls no more), the task is requeued through Conductor's
+    admin API (what its sweeper does under load) and a second worker takes it (poll count 2)
+    and starts waiting out report windows; then the first is released. Yields both workers."""
+    release = tmp_path / "release"
+    paused = {
+        "PERAGO_FAILPOINTS": f"{failpoint}=pause:60@1",
+        "PERAGO_FAILPOINTS_RELEASE": str(release),
+        "PERAGO_PUBLICATIONS_IN_FLIGHT": "0",
+    }
+    with worker({**env, **paused}, tmp_path / "first.log") as first:
+        first.wait_for("failpoint_hit", failpoint=failpoint)
+        requeue(stack_env, f"pt_write_{unique}")
+        with worker(env, tmp_path / "second.log") as second:
+            waiting = second.wait_for("report_windows_waiting", timeout=60)
+            assert waiting["poll_count"] == 2
+            release.touch()
+            yield first, second
+
+
 def test_a_redelivery_waits_out_the_earlier_deliverys_report_window_holding_no_lease(
     make_env: Callable[..., dict[str, str]],
     stack_env: dict[str, str],
@@ -158,25 +184,13 @@ def test_a_redelivery_waits_out_the_earlier_deliverys_report_window_holding_no_l
     from the branch: the step is on the branch once and the task COMPLETED with that ref."""
     env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="60", PERAGO_JANITOR_ON_START="false")
     wid = _one_write(conductor, store, repo, unique, f"pt_wf_redelivered_{unique}")
-    release = tmp_path / "release"
-    paused = {
-        "PERAGO_FAILPOINTS": "after_fence2=pause:60@1",
-        "PERAGO_FAILPOINTS_RELEASE": str(release),
-        "PERAGO_PUBLICATIONS_IN_FLIGHT": "0",  # its one place stays busy: it polls no more
-    }
-    with worker({**env, **paused}, tmp_path / "first.log") as first:
-        first.wait_for("failpoint_hit", failpoint="after_fence2")
-        requeue(stack_env, f"pt_write_{unique}")
-        with worker(env, tmp_path / "second.log") as second:
-            waiting = second.wait_for("report_windows_waiting", timeout=60)
-            assert waiting["poll_count"] == 2
-            release.touch()
-            ended = first.wait_for("attempt_finished", timeout=60)
-            assert held_leases(store, repo) == []  # the second waits holding nothing
-            assert not [e for e in second.events() if e["event"] == "report_windows_waited_out"]
-            waited = second.wait_for("report_windows_waited_out", timeout=60)
-            wf = wait_workflow(conductor, wid, timeout=120)
-            second.wait_for("attempt_finished", timeout=60)
+    with _delivered_twice(env, stack_env, unique, tmp_path, "after_fence2") as (first, second):
+        ended = first.wait_for("attempt_finished", timeout=60)
+        assert held_leases(store, repo) == []  # the second waits holding nothing
+        assert not [e for e in second.events() if e["event"] == "report_windows_waited_out"]
+        waited = second.wait_for("report_windows_waited_out", timeout=60)
+        wf = wait_workflow(conductor, wid, timeout=120)
+        second.wait_for("attempt_finished", timeout=60)
         events = [e["event"] for e in second.events()]
     assert waited["seconds"] >= 15  # 22.5 s from its poll, less what came before
     assert events.index("report_windows_waited_out") < events.index("branch_lease_acquired")
@@ -207,23 +221,11 @@ def test_a_redelivery_goes_on_once_the_superseded_delivery_in_another_worker_rec
     with it, no retry."""
     env = make_env(PERAGO_TEST_RESPONSE_TIMEOUT="60", PERAGO_JANITOR_ON_START="false")
     wid = _one_write(conductor, store, repo, unique, f"pt_wf_superseded_{unique}")
-    release = tmp_path / "release"
-    paused = {
-        "PERAGO_FAILPOINTS": "after_fence1=pause:60@1",
-        "PERAGO_FAILPOINTS_RELEASE": str(release),
-        "PERAGO_PUBLICATIONS_IN_FLIGHT": "0",  # its one place stays busy: it polls no more
-    }
-    with worker({**env, **paused}, tmp_path / "first.log") as first:
-        first.wait_for("failpoint_hit", failpoint="after_fence1")
-        requeue(stack_env, f"pt_write_{unique}")
-        with worker(env, tmp_path / "second.log") as second:
-            waiting = second.wait_for("report_windows_waiting", timeout=60)
-            assert waiting["poll_count"] == 2
-            release.touch()
-            recorded = first.wait_for("delivery_end_recorded", timeout=60)
-            waited = second.wait_for("report_windows_waited_out", timeout=60)
-            wf = wait_workflow(conductor, wid, timeout=120)
-            second.wait_for("attempt_finished", timeout=60)
+    with _delivered_twice(env, stack_env, unique, tmp_path, "after_fence1") as (first, second):
+        recorded = first.wait_for("delivery_end_recorded", timeout=60)
+        waited = second.wait_for("report_windows_waited_out", timeout=60)
+        wf = wait_workflow(conductor, wid, timeout=120)
+        second.wait_for("attempt_finished", timeout=60)
         skipped = first.wait_for("report_skipped_delivered_again", timeout=10)
     assert (recorded["poll_count"], recorded["repository"]) == (1, repo)
     assert skipped["live_poll_count"] == 2
