@@ -36,6 +36,7 @@ import structlog
 
 from perago.coord.store import ABSENT, CoordStore, PredicateFailedError
 from perago.errors import PeragoError
+from perago.telemetry.failure_text import describe
 
 __all__ = ["RECORD_KEEP", "EndedRecords", "LocalDeliveries"]
 
@@ -61,20 +62,21 @@ class EndedRecords:
         self._worker_id = worker_id
 
     def write(self, repository: str, task_id: str, poll_count: int) -> None:
-        """Record that the delivery has ended (call only once it has). Never raises: a
-        record that could not be written costs the re-delivery its full wait, and is logged."""
+        """Record that the delivery has ended (call only once it has). Never raises (the
+        worker calls it as it frees the delivery's place): a record that could not be
+        written costs the re-delivery its full wait, and is logged."""
         body = json.dumps({"worker": self._worker_id, "ended_at": time.time()}).encode()
         try:
             self._stores(repository).set_if(_record_key(task_id, poll_count), body, ABSENT)
         except PredicateFailedError:
             pass  # recorded already
-        except PeragoError as e:
+        except Exception as e:  # noqa: BLE001 - logged; the worker's accounting must go on
             log.warning(
                 "delivery_end_record_failed",
                 task_id=task_id,
                 poll_count=poll_count,
                 repository=repository,
-                error=e.message,
+                error=e.message if isinstance(e, PeragoError) else describe(e),
             )
             return
         log.info(
@@ -87,8 +89,9 @@ class EndedRecords:
         store = self._stores(repository)
         try:
             return all(store.get(_record_key(task_id, n)) is not None for n in polls)
-        except PeragoError as e:
-            log.warning("delivery_end_records_unread", error=e.message)
+        except Exception as e:  # noqa: BLE001 - logged; counts as not recorded
+            error = e.message if isinstance(e, PeragoError) else describe(e)
+            log.warning("delivery_end_records_unread", task_id=task_id, error=error)
             return False
 
     def sweep(

@@ -712,6 +712,33 @@ def test_a_superseded_delivery_records_its_end_only_after_it_has_ended() -> None
     assert not reader.earlier_recorded("r", "superseded", 3)  # poll 2 runs here
 
 
+def test_a_record_that_cannot_be_written_or_read_costs_only_the_full_wait() -> None:
+    """The worker records an end as it frees the delivery's place: a store that fails (any
+    error) is logged, the end still counts here, and a reader counts it as not recorded."""
+
+    class Broken(CoordMemory):
+        def set_if(self, key: str, value: bytes, expected: str | None) -> str:
+            raise OSError("disk gone")
+
+        def get(self, key: str) -> None:
+            raise RuntimeError("store bug")
+
+    broken = Broken()
+    local = LocalDeliveries(records=EndedRecords(lambda _repo: broken, worker_id="w"))
+    local.started("t", 1)
+    local.publishes_to("t", 1, "r")
+    local.superseded("t", 1)
+    with capture_logs() as logs:
+        local.ended("t", 1)  # does not raise
+        reader = LocalDeliveries(records=EndedRecords(lambda _repo: broken, worker_id="w2"))
+        reader.started("t", 2)
+        assert not reader.earlier_recorded("r", "t", 2)
+    assert local.earlier_ended_here("t", 2)
+    events = {e["event"]: e for e in logs}
+    assert "disk gone" in events["delivery_end_record_failed"]["error"]
+    assert "store bug" in events["delivery_end_records_unread"]["error"]
+
+
 def test_a_report_window_opens_only_while_the_attempt_fence_is_fresh(
     tmp_path: Path,
 ) -> None:
