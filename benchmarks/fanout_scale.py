@@ -257,11 +257,12 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 _no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-class _Cpu:
-    """CPU seconds that the stack's services, the phase's workers and this process (lakeFS
-    alone's client) use over a phase; the machine's cores bound what a phase can do in its
-    wall time. Only for the local stack (``perago_dev``): a stack named by the environment
-    may run elsewhere."""
+class _Meter:
+    """What a phase costs: the CPU seconds the stack's services, the phase's workers and
+    this process (lakeFS alone's client) use over it, the machine's cores bounding what a
+    phase can do in its wall time (only for the local stack, ``perago_dev``: a stack named
+    by the environment may run elsewhere); and Conductor's API calls (``calls``, one entry
+    per phase)."""
 
     def __init__(self, stack: Stack, conductor_url: str) -> None:
         self.pids: dict[str, int] = {}
@@ -361,7 +362,7 @@ def _plain(
     env: dict[str, str],
     work_dir: Path,
     suffix: str,
-    cpu: _Cpu,
+    cpu: _Meter,
     conductor: ConductorClient,
     store: LakeFSStore,
     flow: str,
@@ -406,7 +407,7 @@ def main(argv: list[str]) -> int:
             fanout_workflow(f"{flow}_outer", timeout_seconds=timeout),
         ]
     )
-    cpu = _Cpu(stack, settings.conductor_server_url)
+    cpu = _Meter(stack, settings.conductor_server_url)
     rows: list[tuple[int, float, float, float, float, list[str], list[Path]]] = []
     used: list[tuple[int, str, float, dict[str, float]]] = []
     logs: list[Path] = []

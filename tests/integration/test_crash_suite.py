@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,6 +165,16 @@ def _delivered_twice(
             yield first, second
 
 
+def _published_once_by_the_redelivery(wf: dict[str, Any], store: LakeFSStore, repo: str) -> None:
+    """The workflow COMPLETED with one task id (no retry spent), delivered twice, and its
+    output ref is the branch's one publication."""
+    assert wf["status"] == "COMPLETED"
+    [only] = attempts(wf, "step")
+    assert only["status"] == "COMPLETED" and only["pollCount"] == 2
+    out = wf["output"]["workspace"]["ref"]
+    assert [c.id for c in publications(store, repo)] == [out] == [store.branch_head(repo, "main")]
+
+
 def test_a_redelivery_waits_out_the_earlier_deliverys_report_window_holding_no_lease(
     make_env: Callable[..., dict[str, str]],
     stack_env: dict[str, str],
@@ -194,11 +205,7 @@ def test_a_redelivery_waits_out_the_earlier_deliverys_report_window_holding_no_l
         events = [e["event"] for e in second.events()]
     assert waited["seconds"] >= 15  # 22.5 s from its poll, less what came before
     assert events.index("report_windows_waited_out") < events.index("branch_lease_acquired")
-    assert wf["status"] == "COMPLETED"
-    [only] = attempts(wf, "step")  # one task id: no retry spent
-    assert only["status"] == "COMPLETED" and only["pollCount"] == 2
-    out = wf["output"]["workspace"]["ref"]
-    assert [c.id for c in publications(store, repo)] == [out] == [store.branch_head(repo, "main")]
+    _published_once_by_the_redelivery(wf, store, repo)
     assert ended["status"] in ("COMPLETED", "FAILED")
     assert held_leases(store, repo) == []
 
@@ -230,11 +237,7 @@ def test_a_redelivery_goes_on_once_the_superseded_delivery_in_another_worker_rec
     assert (recorded["poll_count"], recorded["repository"]) == (1, repo)
     assert skipped["live_poll_count"] == 2
     assert waited["ended_by"] == "recorded"  # not the 22.5 s deadline
-    assert wf["status"] == "COMPLETED"
-    [only] = attempts(wf, "step")  # one task id: no retry spent
-    assert only["status"] == "COMPLETED" and only["pollCount"] == 2
-    out = wf["output"]["workspace"]["ref"]
-    assert [c.id for c in publications(store, repo)] == [out] == [store.branch_head(repo, "main")]
+    _published_once_by_the_redelivery(wf, store, repo)
     assert held_leases(store, repo) == []
 
 

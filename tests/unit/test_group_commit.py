@@ -606,6 +606,16 @@ def test_a_redelivered_attempt_waits_out_the_report_windows_before_it_takes_the_
     assert sum(c.metadata.get("perago.kind") == "publication" for c in history) == 2
 
 
+def _redelivery_of_p1(monkeypatch: pytest.MonkeyPatch) -> tuple[HookedStore, str, AttemptIdentity]:
+    """A repository, its base, and poll count 2 of partition 1's task id, with report windows
+    short enough for a test: the whole wait is (1 + 1) s x the skew rate 1.5."""
+    monkeypatch.setattr(group_commit, "FENCE_FRESH_SECONDS", 1.0)
+    monkeypatch.setattr(group_commit, "REPORT_WINDOW_SECONDS", 1.0)
+    store = HookedStore()
+    store.create_repository("r")
+    return store, store.branch_head("r", "main"), replace(ident("p1", "parts/p=1/"), poll_count=2)
+
+
 @pytest.mark.parametrize(
     ("earlier", "waits"),
     [("ended here", False), ("running here", True), ("not seen here", True)],
@@ -617,12 +627,7 @@ def test_a_redelivery_stops_waiting_once_every_earlier_delivery_ended_in_this_pr
     when poll count 1 ran in this very process and has ended, no window of it is open or
     can open, and the re-delivery goes on at once. One still running here, or run
     elsewhere, is waited out in full."""
-    monkeypatch.setattr(group_commit, "FENCE_FRESH_SECONDS", 1.0)
-    monkeypatch.setattr(group_commit, "REPORT_WINDOW_SECONDS", 1.0)
-    store = HookedStore()
-    store.create_repository("r")
-    base = store.branch_head("r", "main")
-    again = replace(ident("p1", "parts/p=1/"), poll_count=2)
+    store, base, again = _redelivery_of_p1(monkeypatch)
     local = LocalDeliveries()
     if earlier != "not seen here":
         local.started(again.task_id, 1)
@@ -651,12 +656,7 @@ def test_a_redelivery_stops_waiting_once_another_processs_delivery_recorded_its_
     """Poll count 1 ran in another process: once it has ended and recorded so in the
     repository's coordination store (``EndedRecords``), the re-delivery goes on
     (``ended_by`` "recorded"); without the record it waits in full."""
-    monkeypatch.setattr(group_commit, "FENCE_FRESH_SECONDS", 1.0)
-    monkeypatch.setattr(group_commit, "REPORT_WINDOW_SECONDS", 1.0)
-    store = HookedStore()
-    store.create_repository("r")
-    base = store.branch_head("r", "main")
-    again = replace(ident("p1", "parts/p=1/"), poll_count=2)
+    store, base, again = _redelivery_of_p1(monkeypatch)
     leases = CountingLeases()
     elsewhere = EndedRecords(lambda repo: leases.manager(repo).store, worker_id="other")
     local = LocalDeliveries(
